@@ -1,0 +1,16 @@
+//! The GGUF model file: metadata, tensor index and shard byte ranges over mmap, plus a writer.
+
+mod error;
+mod reader;
+mod types;
+mod value;
+mod writer;
+
+pub use error::{FormatError, GgufError};
+pub use reader::{GgufFile, TensorInfo, DEFAULT_ALIGNMENT};
+pub use types::GgmlType;
+pub use value::{Array, Value};
+pub use writer::GgufWriter;
+
+#[cfg(test)]
+mod tests;
