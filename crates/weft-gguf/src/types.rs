@@ -4,6 +4,7 @@ use std::fmt;
 
 /// The tensor types weft can compute with. Other ids known to ggml are recognised by
 /// name (so an error can say what was found) but rejected.
+#[allow(non_camel_case_types)] // ggml's own names, as users see them
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum GgmlType {
     F32,

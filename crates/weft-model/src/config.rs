@@ -1,0 +1,247 @@
+//! Hyper-parameters of a model, read from GGUF metadata and checked against its tensors.
+
+use weft_gguf::{FormatError, GgufError, GgufFile};
+use weft_kernels::ops::RopeStyle;
+
+/// The model families weft runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Arch {
+    Gemma3,
+    Llama,
+    Mistral,
+    Qwen2,
+    Qwen3,
+}
+
+impl Arch {
+    pub fn from_name(name: &str) -> Option<Arch> {
+        Some(match name {
+            "gemma3" => Arch::Gemma3,
+            "llama" => Arch::Llama,
+            "mistral" => Arch::Mistral,
+            "qwen2" => Arch::Qwen2,
+            "qwen3" => Arch::Qwen3,
+            _ => return None,
+        })
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Arch::Gemma3 => "gemma3",
+            Arch::Llama => "llama",
+            Arch::Mistral => "mistral",
+            Arch::Qwen2 => "qwen2",
+            Arch::Qwen3 => "qwen3",
+        }
+    }
+
+    pub const SUPPORTED: &'static str = "gemma3, llama, mistral, qwen2, qwen3";
+}
+
+/// Everything the forward pass needs to know about the model's shape.
+#[derive(Clone, Debug)]
+pub struct ModelConfig {
+    pub arch: Arch,
+    pub n_embd: usize,
+    pub n_layer: usize,
+    pub n_head: usize,
+    pub n_head_kv: usize,
+    pub head_dim: usize,
+    pub n_ff: usize,
+    pub n_vocab: usize,
+    pub n_ctx_train: usize,
+    pub eps: f32,
+    pub rope_style: RopeStyle,
+    pub n_rot: usize,
+    pub rope_base: f32,
+    pub rope_base_swa: f32,
+    pub rope_freq_scale: f32,
+    /// Per layer: the sliding window in tokens, or `None` for full attention.
+    pub window: Vec<Option<usize>>,
+    /// Multiplier of the token embedding (Gemma scales by sqrt(n_embd)).
+    pub embed_scale: f32,
+    /// Query scale applied before attention.
+    pub attn_scale: f32,
+    pub final_softcap: Option<f32>,
+    pub gelu: bool,
+    pub qk_norm: bool,
+    pub post_norms: bool,
+    pub qkv_bias: bool,
+    pub tied_output: bool,
+}
+
+impl ModelConfig {
+    pub fn from_gguf(f: &GgufFile) -> Result<Self, GgufError> {
+        let arch_name = f.get_str("general.architecture")?;
+        let arch = Arch::from_name(arch_name).ok_or_else(|| {
+            f.err(FormatError::BadValue {
+                key: "general.architecture".into(),
+                detail: format!(
+                    "architecture '{arch_name}' is not supported (weft runs {})",
+                    Arch::SUPPORTED
+                ),
+            })
+        })?;
+        let k = |s: &str| format!("{arch_name}.{s}");
+        let us = |s: &str| -> Result<usize, GgufError> { Ok(f.get_u64(&k(s))? as usize) };
+        let n_embd = us("embedding_length")?;
+        let n_layer = us("block_count")?;
+        let n_head = us("attention.head_count")?;
+        let n_head_kv = f.get_u64_or(&k("attention.head_count_kv"), n_head as u64)? as usize;
+        let head_dim = match f.get(&k("attention.key_length")) {
+            Some(_) => us("attention.key_length")?,
+            None => {
+                if n_head == 0 {
+                    0
+                } else {
+                    n_embd / n_head
+                }
+            }
+        };
+        let n_ff = us("feed_forward_length")?;
+        let bad = |key: String, detail: String| f.err(FormatError::BadValue { key, detail });
+        if n_embd == 0 || n_layer == 0 || n_head == 0 || n_head_kv == 0 || head_dim == 0 || n_ff == 0
+        {
+            return Err(bad(k("*"), "embedding_length, block_count, head counts, key_length and feed_forward_length must be positive".into()));
+        }
+        if n_head % n_head_kv != 0 {
+            return Err(bad(
+                k("attention.head_count_kv"),
+                format!("{n_head} query heads are not a multiple of {n_head_kv} KV heads"),
+            ));
+        }
+        let v_len = f.get_u64_or(&k("attention.value_length"), head_dim as u64)? as usize;
+        if v_len != head_dim {
+            return Err(bad(
+                k("attention.value_length"),
+                format!("{v_len} differs from key_length {head_dim}; not supported"),
+            ));
+        }
+        let eps = f.get_f32(&k("attention.layer_norm_rms_epsilon"))?;
+        let n_rot = f.get_u64_or(&k("rope.dimension_count"), head_dim as u64)? as usize;
+        if n_rot > head_dim || n_rot % 2 != 0 {
+            return Err(bad(
+                k("rope.dimension_count"),
+                format!("{n_rot} must be even and at most the head size {head_dim}"),
+            ));
+        }
+        let default_base = if arch == Arch::Gemma3 { 1_000_000.0 } else { 10_000.0 };
+        let rope_base = f.get_f32_or(&k("rope.freq_base"), default_base)?;
+        let rope_base_swa = f.get_f32_or(&k("rope.freq_base_swa"), 10_000.0)?;
+        let rope_freq_scale = match f.get(&k("rope.scaling.type")).and_then(|v| v.as_str()) {
+            Some("linear") => 1.0 / f.get_f32_or(&k("rope.scaling.factor"), 1.0)?,
+            Some("none") | None => 1.0,
+            Some(other) => {
+                return Err(bad(
+                    k("rope.scaling.type"),
+                    format!("RoPE scaling '{other}' is not supported"),
+                ))
+            }
+        };
+        let n_ctx_train = f.get_u64_or(&k("context_length"), 4096)? as usize;
+        let tok = f.get_array("tokenizer.ggml.tokens")?;
+        let n_vocab = tok.len();
+        let embd = f.tensor("token_embd.weight")?;
+        if embd.dims.len() != 2 || embd.dims[0] as usize != n_embd || embd.dims[1] as usize != n_vocab
+        {
+            return Err(f.err(FormatError::BadTensor {
+                tensor: "token_embd.weight".into(),
+                detail: format!(
+                    "shape {:?} does not match embedding_length {n_embd} x vocabulary {n_vocab}",
+                    embd.dims
+                ),
+            }));
+        }
+        let window = sliding_windows(f, arch, arch_name, n_layer)?;
+        let gemma = arch == Arch::Gemma3;
+        let final_softcap = match f.get_f32_or(&k("final_logit_softcapping"), 0.0)? {
+            c if c > 0.0 => Some(c),
+            _ => None,
+        };
+        let cfg = ModelConfig {
+            arch,
+            n_embd,
+            n_layer,
+            n_head,
+            n_head_kv,
+            head_dim,
+            n_ff,
+            n_vocab,
+            n_ctx_train,
+            eps,
+            rope_style: match arch {
+                Arch::Llama | Arch::Mistral => RopeStyle::Normal,
+                Arch::Gemma3 | Arch::Qwen2 | Arch::Qwen3 => RopeStyle::Neox,
+            },
+            n_rot,
+            rope_base,
+            rope_base_swa,
+            rope_freq_scale,
+            window,
+            embed_scale: if gemma { (n_embd as f32).sqrt() } else { 1.0 },
+            // Gemma 3 27B (62 layers) scales queries by n_embd/n_head; the others by head_dim.
+            attn_scale: if gemma && n_layer == 62 {
+                1.0 / ((n_embd / n_head) as f32).sqrt()
+            } else {
+                1.0 / (head_dim as f32).sqrt()
+            },
+            final_softcap,
+            gelu: gemma,
+            qk_norm: f.has_tensor("blk.0.attn_q_norm.weight"),
+            post_norms: gemma,
+            qkv_bias: f.has_tensor("blk.0.attn_q.bias"),
+            tied_output: !f.has_tensor("output.weight"),
+        };
+        Ok(cfg)
+    }
+
+    pub fn q_dim(&self) -> usize {
+        self.n_head * self.head_dim
+    }
+    pub fn kv_dim(&self) -> usize {
+        self.n_head_kv * self.head_dim
+    }
+}
+
+/// Gemma 3 alternates sliding-window and global layers; llama-family models may set a
+/// single window for all layers (Mistral) or none.
+fn sliding_windows(
+    f: &GgufFile,
+    arch: Arch,
+    arch_name: &str,
+    n_layer: usize,
+) -> Result<Vec<Option<usize>>, GgufError> {
+    let key = format!("{arch_name}.attention.sliding_window");
+    let swa = f.get_u64_or(&key, 0)? as usize;
+    if swa == 0 {
+        return Ok(vec![None; n_layer]);
+    }
+    let pat_key = format!("{arch_name}.attention.sliding_window_pattern");
+    let is_swa: Vec<bool> = match f.get(&pat_key) {
+        Some(v) if v.as_array().is_some() => {
+            let a = f.get_array(&pat_key)?;
+            let flags = a.as_i64s().ok_or_else(|| {
+                f.err(FormatError::BadValue {
+                    key: pat_key.clone(),
+                    detail: "expected an array of booleans".into(),
+                })
+            })?;
+            if flags.len() != n_layer {
+                return Err(f.err(FormatError::BadValue {
+                    key: pat_key,
+                    detail: format!("{} entries for {n_layer} layers", flags.len()),
+                }));
+            }
+            flags.into_iter().map(|x| x != 0).collect()
+        }
+        _ => {
+            let default = if arch == Arch::Gemma3 { 6 } else { 0 };
+            let pat = f.get_u64_or(&pat_key, default)? as usize;
+            (0..n_layer).map(|il| pat == 0 || il % pat < pat - 1).collect()
+        }
+    };
+    Ok(is_swa
+        .into_iter()
+        .map(|s| if s { Some(swa) } else { None })
+        .collect())
+}

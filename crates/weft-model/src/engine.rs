@@ -1,0 +1,333 @@
+//! One node running a whole model: generation with streaming and stop sequences, and
+//! perplexity measured exactly as llama.cpp's llama-perplexity does.
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Instant;
+
+use weft_gguf::GgufFile;
+use weft_kernels::ThreadPool;
+use weft_tokenizer::{StreamDecoder, Tokenizer};
+
+use crate::collective::Identity;
+use crate::error::ModelError;
+use crate::kv::KvCache;
+use crate::model::{Logits, Model, DEFAULT_UBATCH};
+use crate::sampler::{logprob_of, top_logprobs, Sampler, SamplingParams};
+use crate::shard::ShardSpec;
+use crate::vocab::tokenizer_from_gguf;
+
+/// What to generate.
+#[derive(Clone, Debug)]
+pub struct GenerateRequest {
+    pub prompt_ids: Vec<u32>,
+    pub max_tokens: usize,
+    pub sampling: SamplingParams,
+    pub stop: Vec<String>,
+    /// Report this many top log-probabilities per generated token (0: none).
+    pub logprobs: usize,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FinishReason {
+    /// EOS / end of turn, or a stop sequence.
+    Stop,
+    /// max_tokens reached.
+    Length,
+}
+
+impl FinishReason {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            FinishReason::Stop => "stop",
+            FinishReason::Length => "length",
+        }
+    }
+}
+
+/// The outcome of one generation.
+#[derive(Clone, Debug)]
+pub struct Generated {
+    pub token_ids: Vec<u32>,
+    pub text: String,
+    pub finish: FinishReason,
+    /// Per generated token: its own logprob and the top-k `(id, logprob)`.
+    pub logprobs: Vec<(f32, Vec<(u32, f32)>)>,
+    pub prefill_tokens: usize,
+    pub prefill_secs: f64,
+    pub decode_steps: usize,
+    pub decode_secs: f64,
+}
+
+impl Generated {
+    pub fn prefill_tok_s(&self) -> f64 {
+        self.prefill_tokens as f64 / self.prefill_secs.max(1e-9)
+    }
+    pub fn decode_tok_s(&self) -> f64 {
+        if self.decode_steps == 0 {
+            0.0
+        } else {
+            self.decode_steps as f64 / self.decode_secs.max(1e-9)
+        }
+    }
+}
+
+/// A model, its tokenizer, a KV cache and a thread pool on one node.
+pub struct Engine {
+    pub model: Model,
+    pub tokenizer: Tokenizer,
+    pub pool: ThreadPool,
+    pub kv: KvCache,
+    logits: Vec<f32>,
+}
+
+impl Engine {
+    /// Opens `path` and loads the whole model for sequences of up to `n_ctx` tokens.
+    pub fn load(
+        path: &Path,
+        threads: usize,
+        n_ctx: usize,
+        progress: &mut dyn FnMut(usize, usize),
+    ) -> Result<Self, ModelError> {
+        let file = Arc::new(GgufFile::open(path)?);
+        let tokenizer = tokenizer_from_gguf(&file)?;
+        let cfg = crate::config::ModelConfig::from_gguf(&file)?;
+        let shard = ShardSpec::full(&cfg);
+        let model = Model::load_with_progress(file, shard, DEFAULT_UBATCH, progress)?;
+        let n_ctx = n_ctx.min(model.cfg.n_ctx_train).max(1);
+        let kv = model.new_cache(n_ctx);
+        Ok(Engine {
+            model,
+            tokenizer,
+            pool: ThreadPool::new(threads),
+            kv,
+            logits: Vec::new(),
+        })
+    }
+
+    pub fn n_ctx(&self) -> usize {
+        self.kv.n_ctx
+    }
+
+    /// Runs `tokens` after what the cache holds and leaves the last token's logits.
+    fn step(&mut self, tokens: &[u32], want: Logits) -> Result<(), ModelError> {
+        self.model
+            .forward(tokens, &mut self.kv, &mut Identity, &self.pool, want, &mut self.logits)
+    }
+
+    /// Logits of the last token run (after `prefill`/`decode`).
+    pub fn last_logits(&self) -> &[f32] {
+        let n = self.model.vocab_range().len();
+        &self.logits[self.logits.len() - n..]
+    }
+
+    /// Starts a new sequence with `prompt` and leaves its last logits.
+    pub fn prefill(&mut self, prompt: &[u32]) -> Result<(), ModelError> {
+        self.kv.clear();
+        self.step(prompt, Logits::Last)
+    }
+
+    /// Appends one token and leaves its logits.
+    pub fn decode(&mut self, token: u32) -> Result<(), ModelError> {
+        self.step(&[token], Logits::Last)
+    }
+
+    /// Generates from `req.prompt_ids`, calling `on_text` with each new piece of text
+    /// (never part of a UTF-8 character, never part of a stop sequence).
+    pub fn generate(
+        &mut self,
+        req: &GenerateRequest,
+        on_text: &mut dyn FnMut(&str),
+    ) -> Result<Generated, ModelError> {
+        req.sampling.validate().map_err(ModelError::Invalid)?;
+        if req.prompt_ids.is_empty() {
+            return Err(ModelError::Invalid("the prompt is empty".into()));
+        }
+        if req.prompt_ids.len() >= self.n_ctx() {
+            return Err(ModelError::Invalid(format!(
+                "the prompt has {} tokens; the context holds {}",
+                req.prompt_ids.len(),
+                self.n_ctx()
+            )));
+        }
+        let t0 = Instant::now();
+        self.prefill(&req.prompt_ids)?;
+        let prefill_secs = t0.elapsed().as_secs_f64();
+        let mut sampler = Sampler::new(req.sampling.clone());
+        let mut history = req.prompt_ids.clone();
+        let mut stream = StreamDecoder::new(&self.tokenizer);
+        let mut stops = StopScanner::new(&req.stop);
+        let mut out = Generated {
+            token_ids: Vec::new(),
+            text: String::new(),
+            finish: FinishReason::Length,
+            logprobs: Vec::new(),
+            prefill_tokens: req.prompt_ids.len(),
+            prefill_secs,
+            decode_steps: 0,
+            decode_secs: 0.0,
+        };
+        let t1 = Instant::now();
+        let budget = req.max_tokens.min(self.n_ctx() - req.prompt_ids.len());
+        while out.token_ids.len() < budget {
+            let n = self.model.vocab_range().len();
+            let at = self.logits.len() - n;
+            let logits = &mut self.logits[at..];
+            if req.logprobs > 0 {
+                // Before penalties: the model's own distribution.
+                let top = top_logprobs(logits, req.logprobs);
+                out.logprobs.push((0.0, top));
+            }
+            let raw_best = if req.logprobs > 0 { Some(logits.to_vec()) } else { None };
+            let tok = sampler.sample(logits, &history);
+            if let (Some(raw), Some(last)) = (raw_best, out.logprobs.last_mut()) {
+                last.0 = logprob_of(&raw, tok);
+            }
+            if self.tokenizer.is_eog(tok) {
+                if req.logprobs > 0 {
+                    out.logprobs.pop();
+                }
+                out.finish = FinishReason::Stop;
+                break;
+            }
+            out.token_ids.push(tok);
+            history.push(tok);
+            let piece = stream.push(tok);
+            let (emit, hit) = stops.feed(&piece);
+            out.text.push_str(&emit);
+            on_text(&emit);
+            if hit {
+                out.finish = FinishReason::Stop;
+                break;
+            }
+            if out.token_ids.len() >= budget {
+                break;
+            }
+            // Field-wise borrow: the stream decoder holds the tokenizer.
+            self.model.forward(&[tok], &mut self.kv, &mut Identity, &self.pool, Logits::Last, &mut self.logits)?;
+            out.decode_steps += 1;
+        }
+        if out.finish == FinishReason::Length {
+            let rest = stream.finish();
+            let (mut emit, _) = stops.feed(&rest);
+            emit.push_str(&stops.flush());
+            out.text.push_str(&emit);
+            on_text(&emit);
+        }
+        out.decode_secs = t1.elapsed().as_secs_f64();
+        Ok(out)
+    }
+
+    /// Perplexity of `tokens` as llama-perplexity computes it: non-overlapping chunks of
+    /// `n_ctx` tokens, each starting with BOS in place of its first token, scoring only
+    /// the second half of each chunk. Returns (ppl, chunks, scored tokens).
+    pub fn perplexity(
+        &mut self,
+        tokens: &[u32],
+        n_ctx: usize,
+        progress: &mut dyn FnMut(usize, usize, f64),
+    ) -> Result<(f64, usize, usize), ModelError> {
+        if n_ctx < 4 || n_ctx > self.n_ctx() {
+            return Err(ModelError::Invalid(format!(
+                "ctx {n_ctx} must be between 4 and the loaded context {}",
+                self.n_ctx()
+            )));
+        }
+        let n_chunks = tokens.len() / n_ctx;
+        if n_chunks == 0 {
+            return Err(ModelError::Invalid(format!(
+                "the text has {} tokens; perplexity needs at least ctx = {n_ctx}",
+                tokens.len()
+            )));
+        }
+        let bos = self.tokenizer.bos_id();
+        let first = n_ctx / 2;
+        let n_v = self.model.vocab_range().len();
+        let mut nll = 0f64;
+        let mut count = 0usize;
+        let mut chunk = vec![0u32; n_ctx];
+        for c in 0..n_chunks {
+            chunk.copy_from_slice(&tokens[c * n_ctx..(c + 1) * n_ctx]);
+            if let Some(b) = bos {
+                chunk[0] = b;
+            }
+            self.kv.clear();
+            self.step(&chunk, Logits::From(first))?;
+            for j in first..n_ctx - 1 {
+                let row = &self.logits[(j - first) * n_v..(j - first + 1) * n_v];
+                let target = tokens[c * n_ctx + j + 1];
+                nll -= logprob_of(row, target) as f64;
+                count += 1;
+            }
+            progress(c + 1, n_chunks, (nll / count as f64).exp());
+        }
+        Ok(((nll / count as f64).exp(), n_chunks, count))
+    }
+}
+
+/// Finds stop sequences in streamed text, holding back any tail that might begin one.
+struct StopScanner<'a> {
+    stops: &'a [String],
+    pending: String,
+}
+
+impl<'a> StopScanner<'a> {
+    fn new(stops: &'a [String]) -> Self {
+        StopScanner {
+            stops,
+            pending: String::new(),
+        }
+    }
+
+    /// Adds `piece`; returns the text safe to emit and whether a stop sequence was hit
+    /// (the stop sequence itself and anything after it are dropped).
+    fn feed(&mut self, piece: &str) -> (String, bool) {
+        self.pending.push_str(piece);
+        let hit = self
+            .stops
+            .iter()
+            .filter(|s| !s.is_empty())
+            .filter_map(|s| self.pending.find(s.as_str()))
+            .min();
+        if let Some(at) = hit {
+            let emit = self.pending[..at].to_string();
+            self.pending.clear();
+            return (emit, true);
+        }
+        // Hold back the longest suffix that is a proper prefix of a stop sequence.
+        let mut keep = 0;
+        for s in self.stops {
+            for (i, _) in s.char_indices().skip(1) {
+                if self.pending.ends_with(&s[..i]) {
+                    keep = keep.max(i);
+                }
+            }
+        }
+        let cut = self.pending.len() - keep;
+        let emit = self.pending[..cut].to_string();
+        self.pending.drain(..cut);
+        (emit, false)
+    }
+
+    fn flush(&mut self) -> String {
+        std::mem::take(&mut self.pending)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stop_scanner_holds_back_prefixes() {
+        let stops = vec!["END".to_string()];
+        let mut s = StopScanner::new(&stops);
+        assert_eq!(s.feed("abc E"), ("abc ".to_string(), false));
+        assert_eq!(s.feed("N"), (String::new(), false));
+        assert_eq!(s.feed("Dx"), (String::new(), true));
+        let mut s = StopScanner::new(&stops);
+        assert_eq!(s.feed("EN"), (String::new(), false));
+        assert_eq!(s.feed("o"), ("ENo".to_string(), false));
+        assert_eq!(s.flush(), "");
+    }
+}

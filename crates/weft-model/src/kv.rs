@@ -1,0 +1,67 @@
+//! The KV cache of one sequence: allocated once, a ring buffer on sliding-window layers.
+
+/// Keys and values of one layer for this shard's KV heads, slot-major:
+/// slot `s` holds `[kv_head][head_dim]` for the position stored there.
+pub struct LayerKv {
+    /// Slots in the ring: the window plus one micro-batch for sliding layers, else n_ctx.
+    pub cap: usize,
+    pub k: Vec<f32>,
+    pub v: Vec<f32>,
+    /// Floats per slot (local KV heads x head_dim).
+    pub stride: usize,
+}
+
+impl LayerKv {
+    pub fn slot(&self, pos: usize) -> usize {
+        pos % self.cap
+    }
+}
+
+/// One sequence's cache over this shard's layers.
+pub struct KvCache {
+    pub layers: Vec<LayerKv>,
+    /// Tokens already in the cache (the next token's position).
+    pub pos: usize,
+    pub n_ctx: usize,
+}
+
+impl KvCache {
+    /// `windows[i]` is layer i's sliding window (None: global). `ubatch` is the largest
+    /// number of tokens written in one forward call.
+    pub fn new(windows: &[Option<usize>], stride: usize, n_ctx: usize, ubatch: usize) -> Self {
+        let layers = windows
+            .iter()
+            .map(|w| {
+                let cap = match w {
+                    Some(w) => (w + ubatch).min(n_ctx),
+                    None => n_ctx,
+                };
+                LayerKv {
+                    cap,
+                    k: vec![0.0; cap * stride],
+                    v: vec![0.0; cap * stride],
+                    stride,
+                }
+            })
+            .collect();
+        KvCache {
+            layers,
+            pos: 0,
+            n_ctx,
+        }
+    }
+
+    /// Forgets the sequence (the memory stays allocated for the next one).
+    pub fn clear(&mut self) {
+        self.pos = 0;
+    }
+
+    /// Drops tokens after `pos` (e.g. to reuse a shared prompt prefix).
+    pub fn truncate(&mut self, pos: usize) {
+        self.pos = self.pos.min(pos);
+    }
+
+    pub fn bytes(&self) -> usize {
+        self.layers.iter().map(|l| (l.k.len() + l.v.len()) * 4).sum()
+    }
+}

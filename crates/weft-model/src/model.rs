@@ -1,0 +1,541 @@
+//! The transformer, written once for every supported architecture and any shard: the
+//! unsharded model is the same code with a full shard and the identity collective.
+
+use std::ops::Range;
+use std::sync::Arc;
+
+use weft_gguf::GgufFile;
+use weft_kernels::ops::{self, Rope};
+use weft_kernels::{vecops, ThreadPool};
+
+use crate::collective::Collective;
+use crate::config::ModelConfig;
+use crate::error::ModelError;
+use crate::kv::KvCache;
+use crate::shard::{Granularity, ShardSpec};
+use crate::weights::{load_vector, Embedding, Linear};
+
+/// Default number of tokens one forward call processes at most (longer prompts are split).
+pub const DEFAULT_UBATCH: usize = 64;
+/// Output-head rows computed together when logits of many tokens are wanted.
+const HEAD_GROUP: usize = 8;
+
+struct Layer {
+    attn_norm: Vec<f32>,
+    wq: Linear,
+    wk: Linear,
+    wv: Linear,
+    q_norm: Option<Vec<f32>>,
+    k_norm: Option<Vec<f32>>,
+    wo: Linear,
+    post_attn_norm: Option<Vec<f32>>,
+    ffn_norm: Vec<f32>,
+    gate: Linear,
+    up: Linear,
+    down: Linear,
+    post_ffw_norm: Option<Vec<f32>>,
+    window: Option<usize>,
+}
+
+/// Which tokens' logits a forward call returns.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Logits {
+    None,
+    Last,
+    All,
+    /// Tokens at index >= n of the call (perplexity scores only the second half).
+    From(usize),
+}
+
+/// Scratch buffers, sized once for `ubatch` tokens so a step never allocates.
+struct Workspace {
+    x: Vec<f32>,
+    xn: Vec<f32>,
+    q: Vec<f32>,
+    k: Vec<f32>,
+    v: Vec<f32>,
+    att: Vec<f32>,
+    o: Vec<f32>,
+    gate: Vec<f32>,
+    up: Vec<f32>,
+    acts: Vec<u8>,
+    tile: Vec<f32>,
+}
+
+/// One shard of a model, ready to run.
+pub struct Model {
+    pub cfg: ModelConfig,
+    pub shard: ShardSpec,
+    file: Arc<GgufFile>,
+    embed: Embedding,
+    layers: Vec<Layer>,
+    output_norm: Vec<f32>,
+    head: Option<Linear>,
+    rope_global: Rope,
+    rope_local: Rope,
+    kv_heads: Range<usize>,
+    ubatch: usize,
+    ws: Workspace,
+}
+
+/// Split granularity of a file's weights (attn_output and ffn_down are split on blocks).
+pub fn granularity(file: &GgufFile, cfg: &ModelConfig) -> Result<Granularity, ModelError> {
+    let bs = |name: &str| -> Result<usize, ModelError> { Ok(file.tensor(name)?.ty.block_size()) };
+    let mut heads = 1;
+    let mut ffn = 1;
+    for il in 0..cfg.n_layer {
+        let ob = bs(&format!("blk.{il}.attn_output.weight"))?;
+        let per_head = cfg.head_dim;
+        let lcm = num_lcm(ob, per_head) / per_head;
+        heads = num_lcm(heads, lcm);
+        ffn = num_lcm(ffn, bs(&format!("blk.{il}.ffn_down.weight"))?);
+    }
+    Ok(Granularity { heads, ffn })
+}
+
+fn num_lcm(a: usize, b: usize) -> usize {
+    fn gcd(a: usize, b: usize) -> usize {
+        if b == 0 {
+            a
+        } else {
+            gcd(b, a % b)
+        }
+    }
+    a / gcd(a, b) * b
+}
+
+impl Model {
+    /// Loads shard `shard` of `file`. Only the shard's rows are referenced (column-split
+    /// weights are copied), so untouched parts of the file never become resident.
+    pub fn load(file: Arc<GgufFile>, shard: ShardSpec, ubatch: usize) -> Result<Self, ModelError> {
+        Self::load_with_progress(file, shard, ubatch, &mut |_, _| {})
+    }
+
+    /// As `load`, calling `progress(done, total)` after each layer.
+    pub fn load_with_progress(
+        file: Arc<GgufFile>,
+        shard: ShardSpec,
+        ubatch: usize,
+        progress: &mut dyn FnMut(usize, usize),
+    ) -> Result<Self, ModelError> {
+        let cfg = ModelConfig::from_gguf(&file)?;
+        let ubatch = ubatch.max(1);
+        validate_shard(&cfg, &shard)?;
+        let hd = cfg.head_dim;
+        let (e, ff) = (cfg.n_embd, cfg.n_ff);
+        let kv_heads = shard.kv_heads(&cfg);
+        let q_rows = shard.heads.start * hd..shard.heads.end * hd;
+        let kv_rows = kv_heads.start * hd..kv_heads.end * hd;
+        let first_rank = shard.tp_rank == 0;
+        let f = &file;
+        let mut layers = Vec::with_capacity(shard.layers.len());
+        let total = shard.layers.len() + 1;
+        for il in shard.layers.clone() {
+            let n = |s: &str| format!("blk.{il}.{s}");
+            let opt_vec = |s: &str, len: usize| -> Result<Option<Vec<f32>>, ModelError> {
+                if f.has_tensor(&n(s)) {
+                    load_vector(f, &n(s), len).map(Some)
+                } else {
+                    Ok(None)
+                }
+            };
+            let post_attn_norm = opt_vec("post_attention_norm.weight", e)?;
+            let post_ffw_norm = opt_vec("post_ffw_norm.weight", e)?;
+            if cfg.post_norms && (post_attn_norm.is_none() || post_ffw_norm.is_none()) {
+                return Err(ModelError::Tensor {
+                    path: f.path().display().to_string(),
+                    tensor: n("post_attention_norm.weight"),
+                    detail: "Gemma layers need post-attention and post-FFN norms".into(),
+                });
+            }
+            layers.push(Layer {
+                attn_norm: load_vector(f, &n("attn_norm.weight"), e)?,
+                wq: Linear::load_rows(f, &n("attn_q.weight"), e, cfg.q_dim(), q_rows.clone())?,
+                wk: Linear::load_rows(f, &n("attn_k.weight"), e, cfg.kv_dim(), kv_rows.clone())?,
+                wv: Linear::load_rows(f, &n("attn_v.weight"), e, cfg.kv_dim(), kv_rows.clone())?,
+                q_norm: opt_vec("attn_q_norm.weight", hd)?,
+                k_norm: opt_vec("attn_k_norm.weight", hd)?,
+                wo: Linear::load_cols(f, &n("attn_output.weight"), cfg.q_dim(), e, q_rows.clone(), first_rank)?,
+                post_attn_norm,
+                ffn_norm: load_vector(f, &n("ffn_norm.weight"), e)?,
+                gate: Linear::load_rows(f, &n("ffn_gate.weight"), e, ff, shard.ffn.clone())?,
+                up: Linear::load_rows(f, &n("ffn_up.weight"), e, ff, shard.ffn.clone())?,
+                down: Linear::load_cols(f, &n("ffn_down.weight"), ff, e, shard.ffn.clone(), first_rank)?,
+                post_ffw_norm,
+                window: cfg.window[il],
+            });
+            progress(layers.len(), total);
+        }
+        let embed = Embedding::load(f, "token_embd.weight", e, cfg.n_vocab)?;
+        let head = if shard.is_last_stage(&cfg) {
+            let name = if cfg.tied_output { "token_embd.weight" } else { "output.weight" };
+            Some(Linear::load_rows(f, name, e, cfg.n_vocab, shard.vocab.clone())?)
+        } else {
+            None
+        };
+        let output_norm = load_vector(f, "output_norm.weight", e)?;
+        progress(total, total);
+        let q_local = shard.heads.len() * hd;
+        let kv_local = kv_heads.len() * hd;
+        let ff_local = shard.ffn.len();
+        let widest_out = e.max(q_local).max(ff_local).max(kv_local);
+        let act_row = layers
+            .iter()
+            .flat_map(|l| [&l.wq, &l.wk, &l.wv, &l.wo, &l.gate, &l.up, &l.down])
+            .chain(head.iter())
+            .map(|w| w.act_bytes())
+            .max()
+            .unwrap_or(0);
+        let ws = Workspace {
+            x: vec![0.0; ubatch * e],
+            xn: vec![0.0; ubatch * e],
+            q: vec![0.0; ubatch * q_local],
+            k: vec![0.0; ubatch * kv_local],
+            v: vec![0.0; ubatch * kv_local],
+            att: vec![0.0; ubatch * q_local],
+            o: vec![0.0; ubatch * e],
+            gate: vec![0.0; ubatch * ff_local],
+            up: vec![0.0; ubatch * ff_local],
+            acts: vec![0; ubatch.max(HEAD_GROUP) * act_row],
+            tile: vec![0.0; ubatch * widest_out],
+        };
+        Ok(Model {
+            rope_global: Rope::new(cfg.rope_style, cfg.n_rot, cfg.rope_base, cfg.rope_freq_scale),
+            rope_local: Rope::new(cfg.rope_style, cfg.n_rot, cfg.rope_base_swa, cfg.rope_freq_scale),
+            cfg,
+            shard,
+            file,
+            embed,
+            layers,
+            output_norm,
+            head,
+            kv_heads,
+            ubatch,
+            ws,
+        })
+    }
+
+    pub fn file(&self) -> &Arc<GgufFile> {
+        &self.file
+    }
+
+    pub fn ubatch(&self) -> usize {
+        self.ubatch
+    }
+
+    /// Vocabulary rows whose logits this shard produces.
+    pub fn vocab_range(&self) -> Range<usize> {
+        self.shard.vocab.clone()
+    }
+
+    /// Bytes of weights this shard reads per decoded token.
+    pub fn weight_bytes_per_token(&self) -> usize {
+        let l: usize = self
+            .layers
+            .iter()
+            .map(|l| {
+                [&l.wq, &l.wk, &l.wv, &l.wo, &l.gate, &l.up, &l.down]
+                    .iter()
+                    .map(|w| w.n_bytes())
+                    .sum::<usize>()
+            })
+            .sum();
+        l + self.head.as_ref().map(|h| h.n_bytes()).unwrap_or(0)
+    }
+
+    /// A KV cache for one sequence of up to `n_ctx` tokens.
+    pub fn new_cache(&self, n_ctx: usize) -> KvCache {
+        let windows: Vec<_> = self.layers.iter().map(|l| l.window).collect();
+        KvCache::new(&windows, self.kv_heads.len() * self.cfg.head_dim, n_ctx, self.ubatch)
+    }
+
+    /// The hidden state of the last forward call's tokens (`m x n_embd`): what a pipeline
+    /// stage sends on, and what the next stage writes before `forward_hidden`.
+    pub fn hidden_mut(&mut self, m: usize) -> &mut [f32] {
+        &mut self.ws.x[..m * self.cfg.n_embd]
+    }
+
+    /// Runs `tokens` (appended to `kv`) through the whole model and writes the logits of
+    /// this shard's vocabulary rows into `out` (`rows x vocab_range().len()`).
+    pub fn forward(
+        &mut self,
+        tokens: &[u32],
+        kv: &mut KvCache,
+        coll: &mut dyn Collective,
+        pool: &ThreadPool,
+        want: Logits,
+        out: &mut Vec<f32>,
+    ) -> Result<(), ModelError> {
+        out.clear();
+        let n_v = self.shard.vocab.len();
+        let chunks: Vec<&[u32]> = tokens.chunks(self.ubatch).collect();
+        for (ci, chunk) in chunks.iter().enumerate() {
+            let m = chunk.len();
+            let off = ci * self.ubatch;
+            self.embed_tokens(chunk)?;
+            self.forward_hidden(m, kv, coll, pool)?;
+            let rows = match want {
+                Logits::None => 0..0,
+                Logits::All => 0..m,
+                Logits::Last if ci + 1 == chunks.len() => m - 1..m,
+                Logits::Last => 0..0,
+                Logits::From(n) => n.max(off).min(off + m) - off..m,
+            };
+            if !rows.is_empty() {
+                let at = out.len();
+                out.resize(at + rows.len() * n_v, 0.0);
+                self.logits(rows, pool, &mut out[at..])?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Writes the (scaled) embeddings of `tokens` into the hidden state.
+    pub fn embed_tokens(&mut self, tokens: &[u32]) -> Result<(), ModelError> {
+        let e = self.cfg.n_embd;
+        if tokens.len() > self.ubatch {
+            return Err(ModelError::Invalid(format!(
+                "{} tokens exceed the micro-batch of {}",
+                tokens.len(),
+                self.ubatch
+            )));
+        }
+        for (t, &id) in tokens.iter().enumerate() {
+            self.embed.lookup(id, self.cfg.embed_scale, &mut self.ws.x[t * e..(t + 1) * e])?;
+        }
+        Ok(())
+    }
+
+    /// Runs this shard's layers over the `m` tokens in the hidden state, appending them
+    /// to `kv` at positions `kv.pos ..`.
+    pub fn forward_hidden(
+        &mut self,
+        m: usize,
+        kv: &mut KvCache,
+        coll: &mut dyn Collective,
+        pool: &ThreadPool,
+    ) -> Result<(), ModelError> {
+        if m == 0 || m > self.ubatch {
+            return Err(ModelError::Invalid(format!("micro-batch of {m} tokens (1..={})", self.ubatch)));
+        }
+        if kv.pos + m > kv.n_ctx {
+            return Err(ModelError::ContextFull {
+                pos: kv.pos + m,
+                n_ctx: kv.n_ctx,
+            });
+        }
+        if kv.layers.len() != self.layers.len() {
+            return Err(ModelError::Invalid("KV cache was made for another shard".into()));
+        }
+        let pos0 = kv.pos;
+        for li in 0..self.layers.len() {
+            self.layer(li, m, pos0, kv, coll, pool)?;
+        }
+        kv.pos += m;
+        Ok(())
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn layer(
+        &mut self,
+        li: usize,
+        m: usize,
+        pos0: usize,
+        kv: &mut KvCache,
+        coll: &mut dyn Collective,
+        pool: &ThreadPool,
+    ) -> Result<(), ModelError> {
+        let cfg = &self.cfg;
+        let (e, hd) = (cfg.n_embd, cfg.head_dim);
+        let layer = &self.layers[li];
+        let ws = &mut self.ws;
+        let nh = self.shard.heads.len();
+        let nkv = self.kv_heads.len();
+        let (ql, kvl) = (nh * hd, nkv * hd);
+
+        // Attention block.
+        for t in 0..m {
+            ops::rms_norm(&ws.x[t * e..(t + 1) * e], &layer.attn_norm, cfg.eps, &mut ws.xn[t * e..(t + 1) * e]);
+        }
+        linear(pool, &layer.wq, &ws.xn, e, m, &mut ws.q, ql, &mut ws.acts, &mut ws.tile);
+        linear(pool, &layer.wk, &ws.xn, e, m, &mut ws.k, kvl, &mut ws.acts, &mut ws.tile);
+        linear(pool, &layer.wv, &ws.xn, e, m, &mut ws.v, kvl, &mut ws.acts, &mut ws.tile);
+        let rope = if layer.window.is_some() { &self.rope_local } else { &self.rope_global };
+        let lkv = &mut kv.layers[li];
+        for t in 0..m {
+            let pos = pos0 + t;
+            for h in 0..nh {
+                let qh = &mut ws.q[t * ql + h * hd..t * ql + (h + 1) * hd];
+                if let Some(w) = &layer.q_norm {
+                    ops::rms_norm_inplace(qh, w, cfg.eps);
+                }
+                rope.apply(qh, pos);
+                vecops::scale(qh, cfg.attn_scale);
+            }
+            for h in 0..nkv {
+                let kh = &mut ws.k[t * kvl + h * hd..t * kvl + (h + 1) * hd];
+                if let Some(w) = &layer.k_norm {
+                    ops::rms_norm_inplace(kh, w, cfg.eps);
+                }
+                rope.apply(kh, pos);
+            }
+            let s = lkv.slot(pos) * lkv.stride;
+            lkv.k[s..s + kvl].copy_from_slice(&ws.k[t * kvl..(t + 1) * kvl]);
+            lkv.v[s..s + kvl].copy_from_slice(&ws.v[t * kvl..(t + 1) * kvl]);
+        }
+        let group = cfg.n_head / cfg.n_head_kv;
+        let head0 = self.shard.heads.start;
+        let kv0 = self.kv_heads.start;
+        let lkv = &kv.layers[li];
+        let att_ptr = SyncPtr(ws.att.as_mut_ptr());
+        let q = &ws.q;
+        let window = layer.window;
+        pool.run(m * nh, &|task| {
+            let (t, h) = (task / nh, task % nh);
+            let pos = pos0 + t;
+            let kvh = (head0 + h) / group - kv0;
+            let first = match window {
+                Some(w) => (pos + 1).saturating_sub(w),
+                None => 0,
+            };
+            let p = att_ptr;
+            // SAFETY: each (token, head) task writes its own head_dim slice of `att`.
+            let out = unsafe { std::slice::from_raw_parts_mut(p.0.add(t * ql + h * hd), hd) };
+            attend(&q[t * ql + h * hd..t * ql + (h + 1) * hd], lkv, kvh * hd, hd, first..pos + 1, out);
+        });
+        linear(pool, &layer.wo, &ws.att, ql, m, &mut ws.o, e, &mut ws.acts, &mut ws.tile);
+        coll.all_reduce_sum(&mut ws.o[..m * e]).map_err(ModelError::Collective)?;
+        residual(&mut ws.x, &mut ws.o, e, m, layer.post_attn_norm.as_deref(), cfg.eps);
+
+        // MLP block.
+        let fl = layer.gate.n_out;
+        for t in 0..m {
+            ops::rms_norm(&ws.x[t * e..(t + 1) * e], &layer.ffn_norm, cfg.eps, &mut ws.xn[t * e..(t + 1) * e]);
+        }
+        linear(pool, &layer.gate, &ws.xn, e, m, &mut ws.gate, fl, &mut ws.acts, &mut ws.tile);
+        linear(pool, &layer.up, &ws.xn, e, m, &mut ws.up, fl, &mut ws.acts, &mut ws.tile);
+        ops::gated_activation(&mut ws.gate[..m * fl], &ws.up[..m * fl], cfg.gelu);
+        linear(pool, &layer.down, &ws.gate, fl, m, &mut ws.o, e, &mut ws.acts, &mut ws.tile);
+        coll.all_reduce_sum(&mut ws.o[..m * e]).map_err(ModelError::Collective)?;
+        residual(&mut ws.x, &mut ws.o, e, m, layer.post_ffw_norm.as_deref(), cfg.eps);
+        Ok(())
+    }
+
+    /// Logits of hidden-state rows `rows` for this shard's vocabulary slice.
+    pub fn logits(&mut self, rows: Range<usize>, pool: &ThreadPool, out: &mut [f32]) -> Result<(), ModelError> {
+        let head = self
+            .head
+            .as_ref()
+            .ok_or_else(|| ModelError::Invalid("this shard holds no output head".into()))?;
+        let e = self.cfg.n_embd;
+        let n_v = head.n_out;
+        let ws = &mut self.ws;
+        for t in rows.clone() {
+            ops::rms_norm_inplace(&mut ws.x[t * e..(t + 1) * e], &self.output_norm, self.cfg.eps);
+        }
+        let base = rows.start;
+        let mut done = 0;
+        while done < rows.len() {
+            let g = (rows.len() - done).min(HEAD_GROUP);
+            let x = &ws.x[(base + done) * e..];
+            let ab = head.act_bytes();
+            head.quantize_input(x, e, g, &mut ws.acts[..g * ab]);
+            let o = &mut out[done * n_v..(done + g) * n_v];
+            if g == 1 {
+                head.matvec(pool, &ws.acts[..ab], o);
+            } else {
+                if ws.tile.len() < g * n_v {
+                    ws.tile.resize(g * n_v, 0.0); // once, on the first many-token call
+                }
+                head.matmul(pool, &ws.acts[..g * ab], g, o, n_v, &mut ws.tile);
+            }
+            done += g;
+        }
+        if let Some(c) = self.cfg.final_softcap {
+            ops::softcap(&mut out[..rows.len() * n_v], c);
+        }
+        Ok(())
+    }
+}
+
+#[derive(Clone, Copy)]
+struct SyncPtr(*mut f32);
+// SAFETY: only used to give pool tasks disjoint slices.
+unsafe impl Send for SyncPtr {}
+unsafe impl Sync for SyncPtr {}
+
+fn validate_shard(cfg: &ModelConfig, s: &ShardSpec) -> Result<(), ModelError> {
+    let bad = |d: String| Err(ModelError::Shard(d));
+    if s.layers.start >= s.layers.end || s.layers.end > cfg.n_layer {
+        return bad(format!("layers {:?} outside 0..{}", s.layers, cfg.n_layer));
+    }
+    if s.heads.is_empty() || s.heads.end > cfg.n_head {
+        return bad(format!("heads {:?} outside 0..{}", s.heads, cfg.n_head));
+    }
+    if s.ffn.is_empty() || s.ffn.end > cfg.n_ff {
+        return bad(format!("FFN columns {:?} outside 0..{}", s.ffn, cfg.n_ff));
+    }
+    if s.vocab.is_empty() || s.vocab.end > cfg.n_vocab {
+        return bad(format!("vocabulary rows {:?} outside 0..{}", s.vocab, cfg.n_vocab));
+    }
+    Ok(())
+}
+
+/// out = W x for `m` rows of `x` (stride `x_stride`), written `out_stride` apart.
+#[allow(clippy::too_many_arguments)]
+fn linear(
+    pool: &ThreadPool,
+    w: &Linear,
+    x: &[f32],
+    x_stride: usize,
+    m: usize,
+    out: &mut [f32],
+    out_stride: usize,
+    acts: &mut [u8],
+    tile: &mut [f32],
+) {
+    let ab = w.act_bytes();
+    w.quantize_input(x, x_stride, m, &mut acts[..m * ab]);
+    if m == 1 {
+        w.matvec(pool, &acts[..ab], &mut out[..w.n_out]);
+    } else {
+        w.matmul(pool, &acts[..m * ab], m, out, out_stride, tile);
+    }
+}
+
+/// x += norm(o) (Gemma's post-norms) or x += o.
+fn residual(x: &mut [f32], o: &mut [f32], e: usize, m: usize, norm: Option<&[f32]>, eps: f32) {
+    for t in 0..m {
+        let ot = &mut o[t * e..(t + 1) * e];
+        if let Some(w) = norm {
+            ops::rms_norm_inplace(ot, w, eps);
+        }
+        for (xv, ov) in x[t * e..(t + 1) * e].iter_mut().zip(ot.iter()) {
+            *xv += ov;
+        }
+    }
+}
+
+/// Causal attention of one query head over cached positions `span`, with an online
+/// softmax so no score buffer is needed whatever the context length.
+fn attend(q: &[f32], kv: &crate::kv::LayerKv, off: usize, hd: usize, span: Range<usize>, out: &mut [f32]) {
+    out.iter_mut().for_each(|v| *v = 0.0);
+    let mut max = f32::NEG_INFINITY;
+    let mut sum = 0f32;
+    for pos in span {
+        let s = kv.slot(pos) * kv.stride + off;
+        let score = vecops::dot(q, &kv.k[s..s + hd]);
+        if score > max {
+            let c = (max - score).exp();
+            vecops::scale(out, c);
+            sum *= c;
+            max = score;
+        }
+        let p = (score - max).exp();
+        sum += p;
+        vecops::axpy(p, &kv.v[s..s + hd], out);
+    }
+    if sum > 0.0 {
+        vecops::scale(out, 1.0 / sum);
+    }
+}

@@ -1,0 +1,272 @@
+//! Choosing the next token from logits: greedy, temperature, top-k, top-p, min-p,
+//! repetition penalty, seeded randomness; and the log-probabilities the API reports.
+
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+
+/// Sampling settings. `temperature <= 0` means greedy.
+#[derive(Clone, Debug, PartialEq)]
+pub struct SamplingParams {
+    pub temperature: f32,
+    /// Keep only the k most likely tokens (0: no limit).
+    pub top_k: usize,
+    /// Keep the smallest set whose probability reaches p (1.0: no limit).
+    pub top_p: f32,
+    /// Drop tokens less likely than min_p times the most likely one (0: off).
+    pub min_p: f32,
+    /// Divide positive (multiply negative) logits of recently seen tokens (1.0: off).
+    pub repeat_penalty: f32,
+    /// How many recent tokens the penalty looks at.
+    pub repeat_last_n: usize,
+    pub seed: u64,
+}
+
+impl Default for SamplingParams {
+    fn default() -> Self {
+        SamplingParams {
+            temperature: 0.8,
+            top_k: 40,
+            top_p: 0.95,
+            min_p: 0.05,
+            repeat_penalty: 1.0,
+            repeat_last_n: 64,
+            seed: 0,
+        }
+    }
+}
+
+impl SamplingParams {
+    pub fn greedy() -> Self {
+        SamplingParams {
+            temperature: 0.0,
+            ..Default::default()
+        }
+    }
+
+    pub fn validate(&self) -> Result<(), String> {
+        if !self.temperature.is_finite() || self.temperature < 0.0 {
+            return Err(format!("temperature {} must be a finite number >= 0", self.temperature));
+        }
+        if !(self.top_p > 0.0 && self.top_p <= 1.0) {
+            return Err(format!("top_p {} must be in (0, 1]", self.top_p));
+        }
+        if !(0.0..=1.0).contains(&self.min_p) {
+            return Err(format!("min_p {} must be in [0, 1]", self.min_p));
+        }
+        if !self.repeat_penalty.is_finite() || self.repeat_penalty <= 0.0 {
+            return Err(format!("repeat_penalty {} must be > 0", self.repeat_penalty));
+        }
+        Ok(())
+    }
+}
+
+/// A sampler for one sequence; its buffers are reused across tokens.
+pub struct Sampler {
+    pub params: SamplingParams,
+    rng: StdRng,
+    cand: Vec<(u32, f32)>,
+}
+
+impl Sampler {
+    pub fn new(params: SamplingParams) -> Self {
+        Sampler {
+            rng: StdRng::seed_from_u64(params.seed),
+            params,
+            cand: Vec::new(),
+        }
+    }
+
+    /// Picks the next token. `logits` may be modified (penalties are applied in place);
+    /// `recent` is the sequence so far (prompt and generated).
+    pub fn sample(&mut self, logits: &mut [f32], recent: &[u32]) -> u32 {
+        let p = &self.params;
+        if p.repeat_penalty != 1.0 {
+            let from = recent.len().saturating_sub(p.repeat_last_n);
+            for &t in &recent[from..] {
+                if let Some(l) = logits.get_mut(t as usize) {
+                    *l = if *l > 0.0 { *l / p.repeat_penalty } else { *l * p.repeat_penalty };
+                }
+            }
+        }
+        if p.temperature <= 0.0 {
+            return argmax(logits);
+        }
+        self.cand.clear();
+        self.cand.extend(logits.iter().enumerate().map(|(i, &l)| (i as u32, l)));
+        let by_logit = |a: &(u32, f32), b: &(u32, f32)| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0));
+        if p.top_k > 0 && p.top_k < self.cand.len() {
+            self.cand.select_nth_unstable_by(p.top_k - 1, by_logit);
+            self.cand.truncate(p.top_k);
+        }
+        self.cand.sort_unstable_by(by_logit);
+        // Softmax at temperature, over the candidates (sorted, best first).
+        let max = self.cand[0].1;
+        let mut sum = 0f64;
+        for c in self.cand.iter_mut() {
+            c.1 = ((c.1 - max) / p.temperature).exp();
+            sum += c.1 as f64;
+        }
+        for c in self.cand.iter_mut() {
+            c.1 = (c.1 as f64 / sum) as f32;
+        }
+        if p.min_p > 0.0 {
+            let floor = self.cand[0].1 * p.min_p;
+            let keep = self.cand.iter().take_while(|c| c.1 >= floor).count().max(1);
+            self.cand.truncate(keep);
+        }
+        if p.top_p < 1.0 {
+            let mut acc = 0f32;
+            let mut keep = self.cand.len();
+            for (i, c) in self.cand.iter().enumerate() {
+                acc += c.1;
+                if acc >= p.top_p {
+                    keep = i + 1;
+                    break;
+                }
+            }
+            self.cand.truncate(keep);
+        }
+        let total: f32 = self.cand.iter().map(|c| c.1).sum();
+        let mut r = self.rng.gen::<f32>() * total;
+        for c in &self.cand {
+            if r < c.1 {
+                return c.0;
+            }
+            r -= c.1;
+        }
+        self.cand[self.cand.len() - 1].0
+    }
+}
+
+/// Index of the largest logit (the lowest index among equals).
+pub fn argmax(logits: &[f32]) -> u32 {
+    let mut best = 0usize;
+    let mut bv = f32::NEG_INFINITY;
+    for (i, &v) in logits.iter().enumerate() {
+        if v > bv {
+            bv = v;
+            best = i;
+        }
+    }
+    best as u32
+}
+
+/// The `k` most likely tokens with their log-probabilities (natural log), best first.
+pub fn top_logprobs(logits: &[f32], k: usize) -> Vec<(u32, f32)> {
+    let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let lse = max + logits.iter().map(|&l| ((l - max) as f64).exp()).sum::<f64>().ln() as f32;
+    let mut idx: Vec<u32> = (0..logits.len() as u32).collect();
+    let k = k.min(idx.len());
+    if k == 0 {
+        return Vec::new();
+    }
+    let cmp = |a: &u32, b: &u32| logits[*b as usize].total_cmp(&logits[*a as usize]).then(a.cmp(b));
+    idx.select_nth_unstable_by(k - 1, cmp);
+    idx.truncate(k);
+    idx.sort_unstable_by(cmp);
+    idx.into_iter().map(|i| (i, logits[i as usize] - lse)).collect()
+}
+
+/// Log-probability of one token.
+pub fn logprob_of(logits: &[f32], id: u32) -> f32 {
+    let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let lse = max + logits.iter().map(|&l| ((l - max) as f64).exp()).sum::<f64>().ln() as f32;
+    logits[id as usize] - lse
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn logits() -> Vec<f32> {
+        vec![1.0, 3.0, 2.0, 2.9, -1.0, 0.5]
+    }
+
+    #[test]
+    fn greedy_takes_the_best() {
+        let mut s = Sampler::new(SamplingParams::greedy());
+        assert_eq!(s.sample(&mut logits(), &[]), 1);
+    }
+
+    #[test]
+    fn repetition_penalty_changes_the_choice() {
+        let mut s = Sampler::new(SamplingParams {
+            repeat_penalty: 1.5,
+            ..SamplingParams::greedy()
+        });
+        // token 1 (3.0) is penalised to 2.0, so 3 (2.9) wins
+        assert_eq!(s.sample(&mut logits(), &[1]), 3);
+    }
+
+    #[test]
+    fn same_seed_same_tokens() {
+        let run = |seed| {
+            let mut s = Sampler::new(SamplingParams {
+                temperature: 1.5,
+                top_k: 0,
+                top_p: 1.0,
+                min_p: 0.0,
+                seed,
+                ..Default::default()
+            });
+            (0..50).map(|_| s.sample(&mut logits(), &[])).collect::<Vec<_>>()
+        };
+        assert_eq!(run(7), run(7));
+        assert_ne!(run(7), run(8));
+        let seen: std::collections::HashSet<_> = run(7).into_iter().collect();
+        assert!(seen.len() >= 3, "high temperature should visit several tokens: {seen:?}");
+    }
+
+    #[test]
+    fn top_k_and_top_p_restrict() {
+        for (k, p) in [(2usize, 1.0f32), (0, 0.5)] {
+            let mut s = Sampler::new(SamplingParams {
+                temperature: 1.0,
+                top_k: k,
+                top_p: p,
+                min_p: 0.0,
+                seed: 1,
+                ..Default::default()
+            });
+            for _ in 0..100 {
+                let t = s.sample(&mut logits(), &[]);
+                assert!(t == 1 || t == 3, "top_k={k} top_p={p} sampled {t}");
+            }
+        }
+    }
+
+    #[test]
+    fn min_p_restricts() {
+        let mut s = Sampler::new(SamplingParams {
+            temperature: 1.0,
+            top_k: 0,
+            top_p: 1.0,
+            min_p: 0.5,
+            seed: 3,
+            ..Default::default()
+        });
+        for _ in 0..100 {
+            let t = s.sample(&mut logits(), &[]);
+            assert!([1, 2, 3].contains(&t), "sampled {t}");
+        }
+    }
+
+    #[test]
+    fn logprobs_are_normalised() {
+        let l = logits();
+        let top = top_logprobs(&l, 3);
+        assert_eq!(top.iter().map(|t| t.0).collect::<Vec<_>>(), vec![1, 3, 2]);
+        let total: f64 = (0..l.len() as u32).map(|i| (logprob_of(&l, i) as f64).exp()).sum();
+        assert!((total - 1.0).abs() < 1e-5);
+        assert!((top[0].1 - logprob_of(&l, 1)).abs() < 1e-6);
+    }
+
+    #[test]
+    fn bad_params_are_named() {
+        let p = SamplingParams {
+            top_p: 0.0,
+            ..Default::default()
+        };
+        assert!(p.validate().unwrap_err().contains("top_p"));
+    }
+}

@@ -1,0 +1,172 @@
+//! Which part of the model one node holds: its tensor-parallel slice (query heads, FFN
+//! columns, vocabulary rows) and its pipeline layer range.
+
+use std::ops::Range;
+
+use crate::config::ModelConfig;
+use crate::error::ModelError;
+
+/// The part of a model held by one rank. The unsharded model is `ShardSpec::full`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ShardSpec {
+    pub tp_rank: usize,
+    pub tp_size: usize,
+    /// Layers of this pipeline stage.
+    pub layers: Range<usize>,
+    /// Query heads of this rank (contiguous).
+    pub heads: Range<usize>,
+    /// FFN intermediate columns of this rank (contiguous, on the down projection's block boundary).
+    pub ffn: Range<usize>,
+    /// Output-head (vocabulary) rows of this rank.
+    pub vocab: Range<usize>,
+}
+
+/// Split granularities imposed by the weights' quant blocks.
+#[derive(Clone, Copy, Debug)]
+pub struct Granularity {
+    /// Heads must be split in multiples of this (attn_output's input columns are split on blocks).
+    pub heads: usize,
+    /// FFN columns must be split in multiples of this (ffn_down's block size).
+    pub ffn: usize,
+}
+
+impl ShardSpec {
+    /// Everything: one node, all layers.
+    pub fn full(cfg: &ModelConfig) -> Self {
+        ShardSpec {
+            tp_rank: 0,
+            tp_size: 1,
+            layers: 0..cfg.n_layer,
+            heads: 0..cfg.n_head,
+            ffn: 0..cfg.n_ff,
+            vocab: 0..cfg.n_vocab,
+        }
+    }
+
+    /// Rank `rank` of a tensor-parallel group whose members get shares proportional to
+    /// `weights` (e.g. measured speeds; all equal for an even split).
+    pub fn tensor_parallel(
+        cfg: &ModelConfig,
+        gran: Granularity,
+        rank: usize,
+        weights: &[f64],
+    ) -> Result<Self, ModelError> {
+        let size = weights.len();
+        if rank >= size {
+            return Err(ModelError::Shard(format!("rank {rank} outside a group of {size}")));
+        }
+        let heads = split_proportional(cfg.n_head, gran.heads, weights).map_err(|e| {
+            ModelError::Shard(format!("query heads ({} in steps of {}): {e}", cfg.n_head, gran.heads))
+        })?;
+        let ffn = split_proportional(cfg.n_ff, gran.ffn, weights).map_err(|e| {
+            ModelError::Shard(format!("FFN columns ({} in steps of {}): {e}", cfg.n_ff, gran.ffn))
+        })?;
+        let vocab = split_proportional(cfg.n_vocab, 1, weights)
+            .map_err(|e| ModelError::Shard(format!("vocabulary rows: {e}")))?;
+        Ok(ShardSpec {
+            tp_rank: rank,
+            tp_size: size,
+            layers: 0..cfg.n_layer,
+            heads: heads[rank].clone(),
+            ffn: ffn[rank].clone(),
+            vocab: vocab[rank].clone(),
+        })
+    }
+
+    /// The same shard restricted to a pipeline stage's layers.
+    pub fn with_layers(mut self, layers: Range<usize>) -> Self {
+        self.layers = layers;
+        self
+    }
+
+    /// KV heads this rank needs: those its query heads attend with. When the group is
+    /// larger than the KV head count, KV heads are replicated across ranks, not split.
+    pub fn kv_heads(&self, cfg: &ModelConfig) -> Range<usize> {
+        let g = cfg.n_head / cfg.n_head_kv;
+        self.heads.start / g..self.heads.end.div_ceil(g)
+    }
+
+    pub fn is_first_stage(&self) -> bool {
+        self.layers.start == 0
+    }
+
+    pub fn is_last_stage(&self, cfg: &ModelConfig) -> bool {
+        self.layers.end == cfg.n_layer
+    }
+}
+
+/// Splits `0..n` into `weights.len()` contiguous ranges whose sizes are multiples of
+/// `step` and roughly proportional to the weights; every range gets at least one step.
+pub fn split_proportional(n: usize, step: usize, weights: &[f64]) -> Result<Vec<Range<usize>>, String> {
+    let parts = weights.len();
+    if parts == 0 {
+        return Err("no ranks".into());
+    }
+    if step == 0 || n % step != 0 {
+        return Err(format!("{n} is not a multiple of {step}"));
+    }
+    let units = n / step;
+    if units < parts {
+        return Err(format!("{units} units cannot be split across {parts} ranks"));
+    }
+    if weights.iter().any(|w| !w.is_finite() || *w <= 0.0) {
+        return Err("weights must be positive".into());
+    }
+    let total: f64 = weights.iter().sum();
+    // Largest-remainder rounding, with a floor of one unit each.
+    let mut counts: Vec<usize> = weights
+        .iter()
+        .map(|w| ((w / total * units as f64).floor() as usize).max(1))
+        .collect();
+    while counts.iter().sum::<usize>() > units {
+        let i = (0..parts).filter(|&i| counts[i] > 1).max_by(|&a, &b| {
+            let ea = counts[a] as f64 - weights[a] / total * units as f64;
+            let eb = counts[b] as f64 - weights[b] / total * units as f64;
+            ea.total_cmp(&eb)
+        });
+        match i {
+            Some(i) => counts[i] -= 1,
+            None => break,
+        }
+    }
+    while counts.iter().sum::<usize>() < units {
+        let i = (0..parts)
+            .max_by(|&a, &b| {
+                let ea = weights[a] / total * units as f64 - counts[a] as f64;
+                let eb = weights[b] / total * units as f64 - counts[b] as f64;
+                ea.total_cmp(&eb)
+            })
+            .unwrap_or(0);
+        counts[i] += 1;
+    }
+    let mut start = 0;
+    Ok(counts
+        .into_iter()
+        .map(|c| {
+            let r = start..start + c * step;
+            start = r.end;
+            r
+        })
+        .collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn even_and_uneven_splits() {
+        assert_eq!(split_proportional(4, 1, &[1.0, 1.0]).unwrap(), vec![0..2, 2..4]);
+        assert_eq!(split_proportional(4, 1, &[3.0, 1.0]).unwrap(), vec![0..3, 3..4]);
+        assert_eq!(
+            split_proportional(2048, 256, &[1.0; 4]).unwrap(),
+            vec![0..512, 512..1024, 1024..1536, 1536..2048]
+        );
+        let r = split_proportional(100, 1, &[1.0, 2.0, 7.0]).unwrap();
+        assert_eq!(r.iter().map(|r| r.len()).collect::<Vec<_>>(), vec![10, 20, 70]);
+        assert!(split_proportional(4, 1, &[1.0; 5]).is_err());
+        assert!(split_proportional(10, 4, &[1.0]).is_err());
+        let r = split_proportional(8, 1, &[100.0, 1.0]).unwrap();
+        assert_eq!(r, vec![0..7, 7..8]);
+    }
+}

@@ -1,0 +1,162 @@
+//! Tiny synthetic GGUF models of every supported architecture and weight type, with a
+//! SentencePiece vocabulary, written by tests (no model download needed).
+
+use weft_gguf::{Array, GgmlType, GgufWriter, Value};
+use weft_kernels::quant;
+
+use crate::config::Arch;
+
+/// Shape and weight type of a synthetic model.
+#[derive(Clone, Debug)]
+pub struct SyntheticSpec {
+    pub arch: Arch,
+    pub n_embd: usize,
+    pub n_layer: usize,
+    pub n_head: usize,
+    pub n_head_kv: usize,
+    pub head_dim: usize,
+    pub n_ff: usize,
+    /// Extra vocabulary entries beyond the 4 specials and 256 byte tokens.
+    pub n_extra_vocab: usize,
+    /// Type of every 2-D weight (embedding included).
+    pub weight_type: GgmlType,
+    pub seed: u64,
+}
+
+impl SyntheticSpec {
+    /// A small model whose dimensions suit `ty`'s block size.
+    pub fn small(arch: Arch, ty: GgmlType) -> Self {
+        let k = ty.block_size() == 256;
+        SyntheticSpec {
+            arch,
+            n_embd: 256,
+            n_layer: 3,
+            n_head: 4,
+            n_head_kv: if arch == Arch::Gemma3 { 1 } else { 2 },
+            head_dim: if k { 128 } else { 64 },
+            n_ff: 512,
+            n_extra_vocab: 252,
+            weight_type: ty,
+            seed: 42,
+        }
+    }
+
+    pub fn n_vocab(&self) -> usize {
+        4 + 256 + self.n_extra_vocab
+    }
+}
+
+struct Rng(u64);
+impl Rng {
+    fn next(&mut self) -> f32 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        ((self.0 >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+    }
+}
+
+/// Builds the GGUF image of `spec`.
+pub fn synthetic_model(spec: &SyntheticSpec) -> GgufWriter {
+    let mut rng = Rng(spec.seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1);
+    let a = spec.arch.name();
+    let mut w = GgufWriter::new();
+    let (e, hd, ff) = (spec.n_embd, spec.head_dim, spec.n_ff);
+    w.set_str("general.architecture", a)
+        .set_str("general.name", &format!("synthetic-{a}-{}", spec.weight_type))
+        .set_u32(&format!("{a}.context_length"), 2048)
+        .set_u32(&format!("{a}.embedding_length"), e as u32)
+        .set_u32(&format!("{a}.block_count"), spec.n_layer as u32)
+        .set_u32(&format!("{a}.feed_forward_length"), ff as u32)
+        .set_u32(&format!("{a}.attention.head_count"), spec.n_head as u32)
+        .set_u32(&format!("{a}.attention.head_count_kv"), spec.n_head_kv as u32)
+        .set_u32(&format!("{a}.attention.key_length"), hd as u32)
+        .set_u32(&format!("{a}.attention.value_length"), hd as u32)
+        .set_f32(&format!("{a}.attention.layer_norm_rms_epsilon"), 1e-6)
+        .set_f32(&format!("{a}.rope.freq_base"), 10000.0);
+    if spec.arch == Arch::Gemma3 {
+        // Short window so tests cross it; layer 2 of 3 is global with pattern 3.
+        w.set_u32(&format!("{a}.attention.sliding_window"), 8)
+            .set_u32(&format!("{a}.attention.sliding_window_pattern"), 3);
+    }
+    add_vocab(&mut w, spec);
+    let weight = |w: &mut GgufWriter, name: &str, n_in: usize, n_out: usize, rng: &mut Rng| {
+        let scale = 1.0 / (n_in as f32).sqrt();
+        let vals: Vec<f32> = (0..n_in * n_out).map(|_| rng.next() * scale * 1.5).collect();
+        w.add_tensor(name, &[n_in as u64, n_out as u64], spec.weight_type, quant::quantize_row(spec.weight_type, &vals));
+    };
+    let vector = |w: &mut GgufWriter, name: &str, n: usize, rng: &mut Rng, around: f32| {
+        let vals: Vec<f32> = (0..n).map(|_| around + 0.2 * rng.next()).collect();
+        w.add_tensor(name, &[n as u64], GgmlType::F32, quant::quantize_row(GgmlType::F32, &vals));
+    };
+    let nv = spec.n_vocab();
+    weight(&mut w, "token_embd.weight", e, nv, &mut rng);
+    vector(&mut w, "output_norm.weight", e, &mut rng, 1.0);
+    if spec.arch != Arch::Gemma3 {
+        weight(&mut w, "output.weight", e, nv, &mut rng);
+    }
+    for il in 0..spec.n_layer {
+        let n = |s: &str| format!("blk.{il}.{s}");
+        vector(&mut w, &n("attn_norm.weight"), e, &mut rng, 1.0);
+        weight(&mut w, &n("attn_q.weight"), e, spec.n_head * hd, &mut rng);
+        weight(&mut w, &n("attn_k.weight"), e, spec.n_head_kv * hd, &mut rng);
+        weight(&mut w, &n("attn_v.weight"), e, spec.n_head_kv * hd, &mut rng);
+        if spec.arch == Arch::Qwen2 {
+            vector(&mut w, &n("attn_q.bias"), spec.n_head * hd, &mut rng, 0.0);
+            vector(&mut w, &n("attn_k.bias"), spec.n_head_kv * hd, &mut rng, 0.0);
+            vector(&mut w, &n("attn_v.bias"), spec.n_head_kv * hd, &mut rng, 0.0);
+        }
+        if matches!(spec.arch, Arch::Gemma3 | Arch::Qwen3) {
+            vector(&mut w, &n("attn_q_norm.weight"), hd, &mut rng, 1.0);
+            vector(&mut w, &n("attn_k_norm.weight"), hd, &mut rng, 1.0);
+        }
+        weight(&mut w, &n("attn_output.weight"), spec.n_head * hd, e, &mut rng);
+        vector(&mut w, &n("ffn_norm.weight"), e, &mut rng, 1.0);
+        weight(&mut w, &n("ffn_gate.weight"), e, ff, &mut rng);
+        weight(&mut w, &n("ffn_up.weight"), e, ff, &mut rng);
+        weight(&mut w, &n("ffn_down.weight"), ff, e, &mut rng);
+        if spec.arch == Arch::Gemma3 {
+            vector(&mut w, &n("post_attention_norm.weight"), e, &mut rng, 1.0);
+            vector(&mut w, &n("post_ffw_norm.weight"), e, &mut rng, 1.0);
+        }
+    }
+    w
+}
+
+/// Specials, byte tokens, then pieces of a tiny English vocabulary.
+fn add_vocab(w: &mut GgufWriter, spec: &SyntheticSpec) {
+    let mut tokens = vec!["<pad>".to_string(), "<eos>".into(), "<bos>".into(), "<unk>".into()];
+    let mut types = vec![3i32, 3, 3, 2];
+    for b in 0..=255u8 {
+        tokens.push(format!("<0x{b:02X}>"));
+        types.push(6);
+    }
+    let words = [
+        "▁the", "▁a", "▁of", "▁and", "▁to", "▁in", "▁is", "▁it", "▁that", "▁cat", "▁dog", "▁sat", "▁on", "▁mat",
+        "▁capital", "▁France", "▁Paris", "▁city", "▁hello", "▁world", "▁The", "▁weft", "▁model", "ing", "ed", "er",
+        "▁", "e", "t", "a", "o", "i", "n", "s", "h", "r", "d", "l", "c", "u", "m", "w", "f", "g", "y", "p", "b", "v",
+        "k", ".", ",", "!", "?", "\n", "T", "F", "P", "H", "W",
+    ];
+    let mut scores = vec![0f32; tokens.len()];
+    let mut i = 0usize;
+    while tokens.len() < spec.n_vocab() {
+        let t = if i < words.len() { words[i].to_string() } else { format!("▁w{i}") };
+        tokens.push(t);
+        types.push(1);
+        scores.push(-(i as f32));
+        i += 1;
+    }
+    tokens.truncate(spec.n_vocab());
+    types.truncate(spec.n_vocab());
+    scores.truncate(spec.n_vocab());
+    w.set_str("tokenizer.ggml.model", "llama")
+        .set("tokenizer.ggml.tokens", Value::Array(Array::String(tokens)))
+        .set("tokenizer.ggml.scores", Value::Array(Array::F32(scores)))
+        .set("tokenizer.ggml.token_type", Value::Array(Array::I32(types)))
+        .set_u32("tokenizer.ggml.bos_token_id", 2)
+        .set_u32("tokenizer.ggml.eos_token_id", 1)
+        .set_u32("tokenizer.ggml.unknown_token_id", 3)
+        .set_u32("tokenizer.ggml.padding_token_id", 0)
+        .set_bool("tokenizer.ggml.add_bos_token", true)
+        .set_bool("tokenizer.ggml.add_space_prefix", true);
+}

@@ -1,0 +1,281 @@
+//! Weight tensors of one shard: linear layers that borrow their rows from the mmap (or own
+//! copied column blocks), norm vectors, and the token embedding.
+
+use std::ops::Range;
+use std::sync::Arc;
+
+use weft_gguf::{GgmlType, GgufFile};
+use weft_kernels::quant;
+use weft_kernels::ThreadPool;
+
+use crate::error::ModelError;
+
+fn tensor_err(file: &GgufFile, tensor: &str, detail: String) -> ModelError {
+    ModelError::Tensor {
+        path: file.path().display().to_string(),
+        tensor: tensor.to_string(),
+        detail,
+    }
+}
+
+enum Bytes {
+    /// A byte range of the mapped file: only pages this shard touches become resident.
+    Mapped { file: Arc<GgufFile>, range: Range<usize> },
+    Owned(Vec<u8>),
+}
+
+/// A (possibly sharded) linear layer y = W x (+ b): `n_out` rows of `n_in` values.
+pub struct Linear {
+    pub name: String,
+    pub ty: GgmlType,
+    pub n_in: usize,
+    pub n_out: usize,
+    bytes: Bytes,
+    pub bias: Option<Vec<f32>>,
+}
+
+/// Disjoint output ranges are written from several threads.
+#[derive(Clone, Copy)]
+struct SyncPtr(*mut f32);
+// SAFETY: used only to hand disjoint sub-slices to pool tasks.
+unsafe impl Send for SyncPtr {}
+unsafe impl Sync for SyncPtr {}
+
+impl Linear {
+    fn check(file: &GgufFile, name: &str, n_in: usize, n_out: usize) -> Result<(), ModelError> {
+        let t = file.tensor(name)?;
+        if t.dims.len() != 2 || t.dims[0] as usize != n_in || t.dims[1] as usize != n_out {
+            return Err(tensor_err(
+                file,
+                name,
+                format!("shape {:?}, expected [{n_in}, {n_out}]", t.dims),
+            ));
+        }
+        if !GgmlType::WEIGHT_TYPES.contains(&t.ty) {
+            return Err(tensor_err(file, name, format!("type {} cannot be a weight", t.ty)));
+        }
+        Ok(())
+    }
+
+    /// Rows `rows` of a `[n_in, n_out]` weight (column-parallel: split outputs).
+    pub fn load_rows(
+        file: &Arc<GgufFile>,
+        name: &str,
+        n_in: usize,
+        n_out: usize,
+        rows: Range<usize>,
+    ) -> Result<Self, ModelError> {
+        Self::check(file, name, n_in, n_out)?;
+        let t = file.tensor(name)?;
+        let range = file.row_range(t, rows.clone())?;
+        let bias = load_bias(file, name, n_out, rows.clone())?;
+        Ok(Linear {
+            name: name.to_string(),
+            ty: t.ty,
+            n_in,
+            n_out: rows.len(),
+            bytes: Bytes::Mapped {
+                file: file.clone(),
+                range,
+            },
+            bias,
+        })
+    }
+
+    /// Input columns `cols` of every row (row-parallel: split inputs, then all-reduce).
+    /// The whole bias, if any, belongs to rank 0 only (`keep_bias`), so the sum adds it once.
+    pub fn load_cols(
+        file: &Arc<GgufFile>,
+        name: &str,
+        n_in: usize,
+        n_out: usize,
+        cols: Range<usize>,
+        keep_bias: bool,
+    ) -> Result<Self, ModelError> {
+        Self::check(file, name, n_in, n_out)?;
+        let t = file.tensor(name)?;
+        let bias = if keep_bias {
+            load_bias(file, name, n_out, 0..n_out)?
+        } else {
+            None
+        };
+        if cols == (0..n_in) {
+            return Self::load_rows(file, name, n_in, n_out, 0..n_out).map(|mut l| {
+                l.bias = bias;
+                l
+            });
+        }
+        let data = file.copy_columns(t, 0..n_out, cols.clone())?;
+        Ok(Linear {
+            name: name.to_string(),
+            ty: t.ty,
+            n_in: cols.len(),
+            n_out,
+            bytes: Bytes::Owned(data),
+            bias,
+        })
+    }
+
+    pub fn bytes(&self) -> &[u8] {
+        match &self.bytes {
+            Bytes::Mapped { file, range } => &file.bytes()[range.clone()],
+            Bytes::Owned(v) => v,
+        }
+    }
+
+    pub fn n_bytes(&self) -> usize {
+        match &self.bytes {
+            Bytes::Mapped { range, .. } => range.len(),
+            Bytes::Owned(v) => v.len(),
+        }
+    }
+
+    /// Bytes of one activation row quantized for this weight.
+    pub fn act_bytes(&self) -> usize {
+        quant::act_bytes(self.ty, self.n_in)
+    }
+
+    /// Quantizes `m` input rows (each `n_in` long, `x_stride` apart) into `act`.
+    pub fn quantize_input(&self, x: &[f32], x_stride: usize, m: usize, act: &mut [u8]) {
+        let ab = self.act_bytes();
+        for t in 0..m {
+            quant::quantize_act(
+                self.ty,
+                &x[t * x_stride..t * x_stride + self.n_in],
+                &mut act[t * ab..(t + 1) * ab],
+            );
+        }
+    }
+
+    /// y = W x for one quantized input (decode).
+    pub fn matvec(&self, pool: &ThreadPool, act: &[u8], out: &mut [f32]) {
+        let out = &mut out[..self.n_out];
+        let w = self.bytes();
+        let p = SyncPtr(out.as_mut_ptr());
+        pool.for_ranges(self.n_out, 4, &|r| {
+            let p = p;
+            // SAFETY: for_ranges hands out disjoint ranges within 0..n_out.
+            let o = unsafe { std::slice::from_raw_parts_mut(p.0.add(r.start), r.len()) };
+            quant::matvec(self.ty, self.n_in, w, r, act, o);
+        });
+        if let Some(b) = &self.bias {
+            out.iter_mut().zip(b).for_each(|(o, b)| *o += b);
+        }
+    }
+
+    /// Y = W X for `m` quantized inputs (prefill): `out[t * out_stride + r]`.
+    /// `tile` is scratch of at least `m * n_out` floats.
+    pub fn matmul(
+        &self,
+        pool: &ThreadPool,
+        acts: &[u8],
+        m: usize,
+        out: &mut [f32],
+        out_stride: usize,
+        tile: &mut [f32],
+    ) {
+        if m == 1 {
+            return self.matvec(pool, acts, out);
+        }
+        let w = self.bytes();
+        let tile = &mut tile[..m * self.n_out];
+        let p = SyncPtr(tile.as_mut_ptr());
+        // Each task owns the contiguous tile region rows.start*m .. rows.end*m (token-major
+        // within it), so tasks never share memory; the transpose below is cheap.
+        pool.for_ranges(self.n_out, 16, &|r| {
+            let p = p;
+            // SAFETY: disjoint ranges map to disjoint tile regions.
+            let o = unsafe { std::slice::from_raw_parts_mut(p.0.add(r.start * m), r.len() * m) };
+            quant::matmul(self.ty, self.n_in, w, r.clone(), acts, m, o, r.len());
+        });
+        // Gather: the region of a task starting at row s holds [t][r - s] with stride len.
+        for rs in pool.ranges(self.n_out, 16) {
+            let base = rs.start * m;
+            let len = rs.len();
+            for t in 0..m {
+                let src = &tile[base + t * len..base + t * len + len];
+                out[t * out_stride + rs.start..t * out_stride + rs.end].copy_from_slice(src);
+            }
+        }
+        if let Some(b) = &self.bias {
+            for t in 0..m {
+                out[t * out_stride..t * out_stride + self.n_out]
+                    .iter_mut()
+                    .zip(b)
+                    .for_each(|(o, b)| *o += b);
+            }
+        }
+    }
+}
+
+fn load_bias(
+    file: &GgufFile,
+    weight: &str,
+    n_out: usize,
+    rows: Range<usize>,
+) -> Result<Option<Vec<f32>>, ModelError> {
+    let name = weight.replace(".weight", ".bias");
+    if !file.has_tensor(&name) {
+        return Ok(None);
+    }
+    let v = load_vector(file, &name, n_out)?;
+    Ok(Some(v[rows].to_vec()))
+}
+
+/// A 1-D tensor of `n` values (norm weights, biases), dequantized to f32.
+pub fn load_vector(file: &GgufFile, name: &str, n: usize) -> Result<Vec<f32>, ModelError> {
+    let t = file.tensor(name)?;
+    if t.n_elements() as usize != n {
+        return Err(tensor_err(
+            file,
+            name,
+            format!("has {} values, expected {n}", t.n_elements()),
+        ));
+    }
+    let mut out = vec![0f32; n];
+    quant::dequantize_row(t.ty, file.tensor_bytes(t), &mut out);
+    Ok(out)
+}
+
+/// The token embedding table, read one row per token from the mmap.
+pub struct Embedding {
+    file: Arc<GgufFile>,
+    range: Range<usize>,
+    pub ty: GgmlType,
+    pub n_embd: usize,
+    pub n_vocab: usize,
+    row_bytes: usize,
+}
+
+impl Embedding {
+    pub fn load(file: &Arc<GgufFile>, name: &str, n_embd: usize, n_vocab: usize) -> Result<Self, ModelError> {
+        let t = file.tensor(name)?;
+        let range = file.row_range(t, 0..n_vocab)?;
+        Ok(Embedding {
+            file: file.clone(),
+            range,
+            ty: t.ty,
+            n_embd,
+            n_vocab,
+            row_bytes: t.row_bytes(),
+        })
+    }
+
+    /// Writes token `id`'s vector, times `scale`, into `out`.
+    pub fn lookup(&self, id: u32, scale: f32, out: &mut [f32]) -> Result<(), ModelError> {
+        let id = id as usize;
+        if id >= self.n_vocab {
+            return Err(ModelError::BadToken {
+                id: id as u32,
+                n_vocab: self.n_vocab,
+            });
+        }
+        let bytes = &self.file.bytes()[self.range.clone()];
+        let row = &bytes[id * self.row_bytes..(id + 1) * self.row_bytes];
+        quant::dequantize_row(self.ty, row, &mut out[..self.n_embd]);
+        if scale != 1.0 {
+            out[..self.n_embd].iter_mut().for_each(|v| *v *= scale);
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,215 @@
+//! Sharded execution equals the unsharded model: tensor-parallel ranks as threads with an
+//! in-process collective, and pipeline stages passing the hidden state, on synthetic
+//! models of every architecture and weight type, and on the real Gemma 3 when present.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use weft_gguf::{GgmlType, GgufFile};
+use weft_kernels::ThreadPool;
+use weft_model::synthetic::{synthetic_model, SyntheticSpec};
+use weft_model::{granularity, Arch, Collective, Identity, InProcess, Logits, Model, ModelConfig, ShardSpec};
+
+const UBATCH: usize = 16;
+
+/// Logits (all vocab) of each step: a prefill of `prompt`, then one decode per `extra` token.
+fn unsharded(file: &Arc<GgufFile>, prompt: &[u32], extra: &[u32]) -> Vec<Vec<f32>> {
+    let cfg = ModelConfig::from_gguf(file).unwrap();
+    let mut m = Model::load(file.clone(), ShardSpec::full(&cfg), UBATCH).unwrap();
+    let pool = ThreadPool::new(2);
+    let mut kv = m.new_cache(256);
+    let mut out = Vec::new();
+    let mut steps = Vec::new();
+    m.forward(prompt, &mut kv, &mut Identity, &pool, Logits::Last, &mut out).unwrap();
+    steps.push(out.clone());
+    for &t in extra {
+        m.forward(&[t], &mut kv, &mut Identity, &pool, Logits::Last, &mut out).unwrap();
+        steps.push(out.clone());
+    }
+    steps
+}
+
+/// The same steps with the model split across `weights.len()` tensor-parallel ranks.
+fn tensor_parallel(file: &Arc<GgufFile>, weights: &[f64], prompt: &[u32], extra: &[u32]) -> Vec<Vec<f32>> {
+    let cfg = ModelConfig::from_gguf(file).unwrap();
+    let gran = granularity(file, &cfg).unwrap();
+    let shards: Vec<ShardSpec> = (0..weights.len())
+        .map(|r| ShardSpec::tensor_parallel(&cfg, gran, r, weights).unwrap())
+        .collect();
+    let counts: Vec<usize> = shards.iter().map(|s| s.vocab.len()).collect();
+    let handles: Vec<_> = InProcess::group(weights.len())
+        .into_iter()
+        .zip(shards)
+        .map(|(mut coll, shard)| {
+            let (file, prompt, extra, counts) = (file.clone(), prompt.to_vec(), extra.to_vec(), counts.clone());
+            std::thread::spawn(move || {
+                let mut m = Model::load(file, shard, UBATCH).unwrap();
+                let pool = ThreadPool::new(1);
+                let mut kv = m.new_cache(256);
+                let mut out = Vec::new();
+                let mut full = vec![0f32; counts.iter().sum()];
+                let mut steps = Vec::new();
+                m.forward(&prompt, &mut kv, &mut coll, &pool, Logits::Last, &mut out).unwrap();
+                coll.all_gather(&out, &counts, &mut full).unwrap();
+                steps.push(full.clone());
+                for &t in &extra {
+                    m.forward(&[t], &mut kv, &mut coll, &pool, Logits::Last, &mut out).unwrap();
+                    coll.all_gather(&out, &counts, &mut full).unwrap();
+                    steps.push(full.clone());
+                }
+                steps
+            })
+        })
+        .collect();
+    let mut results: Vec<_> = handles.into_iter().map(|h| h.join().unwrap()).collect();
+    let first = results.remove(0);
+    for other in results {
+        assert_eq!(first, other, "every rank must see the same gathered logits");
+    }
+    first
+}
+
+/// The same steps run as a pipeline of stages over `cuts` (layer boundaries).
+fn pipeline(file: &Arc<GgufFile>, cuts: &[usize], prompt: &[u32], extra: &[u32]) -> Vec<Vec<f32>> {
+    let cfg = ModelConfig::from_gguf(file).unwrap();
+    let mut bounds = vec![0];
+    bounds.extend_from_slice(cuts);
+    bounds.push(cfg.n_layer);
+    let mut stages: Vec<Model> = bounds
+        .windows(2)
+        .map(|w| Model::load(file.clone(), ShardSpec::full(&cfg).with_layers(w[0]..w[1]), UBATCH).unwrap())
+        .collect();
+    let mut kvs: Vec<_> = stages.iter().map(|s| s.new_cache(256)).collect();
+    let pool = ThreadPool::new(1);
+    let e = cfg.n_embd;
+    let mut run = |tokens: &[u32]| -> Vec<f32> {
+        let mut out = Vec::new();
+        for chunk in tokens.chunks(UBATCH) {
+            let m = chunk.len();
+            stages[0].embed_tokens(chunk).unwrap();
+            let mut hidden = vec![0f32; m * e];
+            for (i, s) in stages.iter_mut().enumerate() {
+                if i > 0 {
+                    s.hidden_mut(m).copy_from_slice(&hidden);
+                }
+                s.forward_hidden(m, &mut kvs[i], &mut Identity, &pool).unwrap();
+                hidden.copy_from_slice(s.hidden_mut(m));
+            }
+            let last = stages.last_mut().unwrap();
+            out = vec![0f32; cfg.n_vocab];
+            last.logits(m - 1..m, &pool, &mut out).unwrap();
+        }
+        out
+    };
+    let mut steps = vec![run(prompt)];
+    for &t in extra {
+        steps.push(run(&[t]));
+    }
+    steps
+}
+
+fn assert_close(what: &str, want: &[Vec<f32>], got: &[Vec<f32>]) {
+    assert_eq!(want.len(), got.len());
+    for (step, (w, g)) in want.iter().zip(got).enumerate() {
+        assert_eq!(w.len(), g.len(), "{what} step {step}: vocab size");
+        let scale = w.iter().fold(0f32, |a, v| a.max(v.abs()));
+        let diff = w.iter().zip(g).fold(0f32, |a, (x, y)| a.max((x - y).abs()));
+        assert!(scale > 0.0, "{what}: logits are all zero");
+        assert!(
+            diff <= 1e-3 * scale,
+            "{what} step {step}: max |diff| {diff} exceeds 1e-3 of max |logit| {scale}"
+        );
+    }
+}
+
+fn write_synthetic(dir: &Path, arch: Arch, ty: GgmlType) -> Arc<GgufFile> {
+    let spec = SyntheticSpec::small(arch, ty);
+    let p = dir.join(format!("{}-{}.gguf", arch.name(), ty));
+    synthetic_model(&spec).write_file(&p).unwrap();
+    Arc::new(GgufFile::open(&p).unwrap())
+}
+
+const ARCHS: [Arch; 5] = [Arch::Gemma3, Arch::Llama, Arch::Mistral, Arch::Qwen2, Arch::Qwen3];
+
+#[test]
+fn synthetic_models_shard_exactly() {
+    let dir = tempfile::tempdir().unwrap();
+    // 20 prompt tokens cross Gemma's 8-token window and the 16-token micro-batch.
+    let prompt: Vec<u32> = (0..20).map(|i| 4 + (i * 37) % 500).collect();
+    let extra = [300u32, 17, 99];
+    for ty in GgmlType::WEIGHT_TYPES {
+        for arch in ARCHS {
+            let f = write_synthetic(dir.path(), arch, ty);
+            let what = format!("{} {ty}", arch.name());
+            let base = unsharded(&f, &prompt, &extra);
+            let cfg = ModelConfig::from_gguf(&f).unwrap();
+            let gran = granularity(&f, &cfg).unwrap();
+            let mut layouts: Vec<Vec<f64>> = vec![vec![1.0, 1.0], vec![3.0, 1.0]];
+            if gran.heads == 1 {
+                layouts.push(vec![1.0; 4]);
+            }
+            for w in layouts {
+                if cfg.n_head / gran.heads < w.len() {
+                    continue;
+                }
+                let got = tensor_parallel(&f, &w, &prompt, &extra);
+                assert_close(&format!("{what} TP {w:?}"), &base, &got);
+            }
+            assert_close(&format!("{what} PP 1|2"), &base, &pipeline(&f, &[1], &prompt, &extra));
+            assert_close(&format!("{what} PP 1|1|1"), &base, &pipeline(&f, &[1, 2], &prompt, &extra));
+        }
+    }
+}
+
+#[test]
+fn prefill_equals_token_by_token_decode() {
+    // The KV cache, RoPE positions, sliding-window ring and micro-batching must give the
+    // same logits whether a prompt is prefilled at once or fed one token at a time.
+    let dir = tempfile::tempdir().unwrap();
+    let prompt: Vec<u32> = (0..37).map(|i| 4 + (i * 53) % 500).collect();
+    for arch in ARCHS {
+        let f = write_synthetic(dir.path(), arch, GgmlType::F32);
+        let batch = unsharded(&f, &prompt, &[]);
+        let one = unsharded(&f, &prompt[..1], &prompt[1..]);
+        assert_close(&format!("{} prefill vs decode", arch.name()), &batch, &one[one.len() - 1..]);
+    }
+}
+
+#[test]
+fn impossible_splits_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let f = write_synthetic(dir.path(), Arch::Llama, GgmlType::Q4_K);
+    let cfg = ModelConfig::from_gguf(&f).unwrap();
+    let gran = granularity(&f, &cfg).unwrap();
+    // 4 heads of 128 values and Q4_K blocks of 256: heads go in pairs, so 4 ranks cannot work.
+    assert_eq!(gran.heads, 2);
+    let e = ShardSpec::tensor_parallel(&cfg, gran, 0, &[1.0; 4]).unwrap_err();
+    assert!(e.to_string().contains("query heads"), "{e}");
+}
+
+fn real_model() -> Option<PathBuf> {
+    let home = std::env::var_os("WEFT_HOME")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(std::env::var_os("HOME").unwrap_or_default()).join(".cache/weft"));
+    let p = home.join("models/gemma-3-270m-q4_k_m.gguf");
+    if p.exists() {
+        Some(p)
+    } else {
+        eprintln!("skipping: {} is not present (run `weft pull`)", p.display());
+        None
+    }
+}
+
+#[test]
+fn gemma3_270m_shards_exactly() {
+    let Some(p) = real_model() else { return };
+    let f = Arc::new(GgufFile::open(&p).unwrap());
+    let prompt = [2u32, 818, 5279, 529, 7001, 563];
+    let extra = [506u32, 5279];
+    let base = unsharded(&f, &prompt, &extra);
+    for w in [vec![1.0, 1.0], vec![1.0; 4], vec![3.0, 1.0]] {
+        let got = tensor_parallel(&f, &w, &prompt, &extra);
+        assert_close(&format!("gemma3 TP {w:?}"), &base, &got);
+    }
+    assert_close("gemma3 PP 9|9", &base, &pipeline(&f, &[9], &prompt, &extra));
+}

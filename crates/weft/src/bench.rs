@@ -1,0 +1,170 @@
+//! `weft bench`: prefill and decode speed measured like llama-bench (median and spread
+//! over repetitions), bytes read per token, the memory-bandwidth roofline, load time and RSS.
+
+use std::path::PathBuf;
+use std::time::Instant;
+
+use anyhow::{Context, Result};
+use clap::Args;
+use serde_json::json;
+use weft_kernels::ThreadPool;
+
+use crate::paths::resolve_model;
+use crate::progress::{default_threads, load_engine};
+
+#[derive(Args, Debug)]
+pub struct BenchArgs {
+    #[arg(long)]
+    pub model: Option<PathBuf>,
+    #[arg(long, short = 't')]
+    pub threads: Option<usize>,
+    /// Prompt tokens for the prefill test.
+    #[arg(short = 'p', default_value_t = 128)]
+    pub prefill: usize,
+    /// Tokens for the decode test.
+    #[arg(short = 'n', default_value_t = 64)]
+    pub decode: usize,
+    #[arg(long, short = 'r', default_value_t = 5)]
+    pub reps: usize,
+    /// Skip the memory-bandwidth probe.
+    #[arg(long)]
+    pub no_bandwidth: bool,
+    #[arg(long)]
+    pub json: bool,
+}
+
+pub fn run(a: BenchArgs) -> Result<()> {
+    let path = resolve_model(a.model.clone())?;
+    let threads = a.threads.unwrap_or_else(default_threads).max(1);
+    let n_ctx = (a.prefill + a.decode + 8).max(64);
+    let (mut engine, load_s) = load_engine(&path, threads, n_ctx)?;
+    let n_vocab = engine.model.cfg.n_vocab as u32;
+    // Pseudo-random prompt tokens, as llama-bench uses.
+    let mut state = 0x9E37_79B9_7F4A_7C15u64;
+    let mut next = move || {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        (state % n_vocab as u64) as u32
+    };
+    let prompt: Vec<u32> = (0..a.prefill).map(|_| next()).collect();
+    let bos = engine.tokenizer.bos_id().unwrap_or(0);
+    // Warm-up: touch every weight page once.
+    engine.prefill(&prompt[..prompt.len().min(8)]).context("warm-up")?;
+    let mut pp = Vec::new();
+    let mut tg = Vec::new();
+    for _ in 0..a.reps.max(1) {
+        if a.prefill > 0 {
+            let t = Instant::now();
+            engine.prefill(&prompt).context("prefill")?;
+            pp.push(a.prefill as f64 / t.elapsed().as_secs_f64());
+        }
+        if a.decode > 0 {
+            engine.prefill(&[bos]).context("decode start")?;
+            let t = Instant::now();
+            let mut tok = bos;
+            for _ in 0..a.decode {
+                engine.decode(tok).context("decode")?;
+                tok = weft_model::sampler::argmax(engine.last_logits());
+            }
+            tg.push(a.decode as f64 / t.elapsed().as_secs_f64());
+        }
+    }
+    let bytes_per_token = engine.model.weight_bytes_per_token();
+    let rss = peak_rss_bytes(); // before the bandwidth probe's buffer
+    let bandwidth = if a.no_bandwidth { None } else { Some(memory_bandwidth(&engine.pool)) };
+    let (pp_med, pp_sd) = median_sd(&pp);
+    let (tg_med, tg_sd) = median_sd(&tg);
+    let roofline = bandwidth.map(|bw| bw / bytes_per_token as f64);
+    let file_bytes = std::fs::metadata(&path).map(|m| m.len()).unwrap_or(0);
+    let kv_bytes = engine.kv.bytes();
+    if a.json {
+        println!(
+            "{}",
+            json!({
+                "model": path.display().to_string(),
+                "threads": threads,
+                "pp": a.prefill, "tg": a.decode, "reps": a.reps,
+                "pp_tok_s": pp_med, "pp_tok_s_sd": pp_sd, "pp_samples": pp,
+                "tg_tok_s": tg_med, "tg_tok_s_sd": tg_sd, "tg_samples": tg,
+                "bytes_per_token": bytes_per_token,
+                "memory_bandwidth_gb_s": bandwidth.map(|b| b / 1e9),
+                "roofline_tok_s": roofline,
+                "roofline_fraction": roofline.map(|r| tg_med / r),
+                "load_s": load_s,
+                "peak_rss_bytes": rss,
+                "file_bytes": file_bytes,
+                "kv_bytes": kv_bytes,
+            })
+        );
+    } else {
+        println!("model {} | {threads} threads | load {load_s:.2}s", path.display());
+        println!("pp{:<5} {pp_med:8.1} tok/s  ± {pp_sd:.1}", a.prefill);
+        println!("tg{:<5} {tg_med:8.1} tok/s  ± {tg_sd:.1}", a.decode);
+        println!("bytes read per decoded token: {:.1} MB", bytes_per_token as f64 / 1e6);
+        if let (Some(bw), Some(r)) = (bandwidth, roofline) {
+            println!(
+                "memory bandwidth {:.1} GB/s -> roofline {r:.1} tok/s; decode reaches {:.0}% of it",
+                bw / 1e9,
+                100.0 * tg_med / r
+            );
+        }
+        if let Some(rss) = rss {
+            println!(
+                "peak RSS {:.1} MB (file {:.1} MB, KV cache {:.1} MB)",
+                rss as f64 / 1e6,
+                file_bytes as f64 / 1e6,
+                kv_bytes as f64 / 1e6
+            );
+        }
+    }
+    Ok(())
+}
+
+fn median_sd(v: &[f64]) -> (f64, f64) {
+    if v.is_empty() {
+        return (0.0, 0.0);
+    }
+    let mut s = v.to_vec();
+    s.sort_by(|a, b| a.total_cmp(b));
+    let med = if s.len() % 2 == 1 {
+        s[s.len() / 2]
+    } else {
+        (s[s.len() / 2 - 1] + s[s.len() / 2]) / 2.0
+    };
+    let mean = s.iter().sum::<f64>() / s.len() as f64;
+    let var = s.iter().map(|x| (x - mean).powi(2)).sum::<f64>() / s.len() as f64;
+    (med, var.sqrt())
+}
+
+/// Read bandwidth of a 512 MiB buffer with the pool's threads, best of three passes.
+fn memory_bandwidth(pool: &ThreadPool) -> f64 {
+    let words = 64usize << 20; // 64 Mi u64 = 512 MiB
+    let buf: Vec<u64> = (0..words as u64).collect();
+    let mut best = 0f64;
+    for _ in 0..3 {
+        let sink = std::sync::atomic::AtomicU64::new(0);
+        let t = Instant::now();
+        pool.for_ranges(words, 4096, &|r| {
+            let mut acc = [0u64; 4];
+            for c in buf[r].chunks_exact(4) {
+                for j in 0..4 {
+                    acc[j] = acc[j].wrapping_add(c[j]);
+                }
+            }
+            sink.fetch_add(acc.iter().fold(0, |a, b| a.wrapping_add(*b)), std::sync::atomic::Ordering::Relaxed);
+        });
+        let s = t.elapsed().as_secs_f64();
+        std::hint::black_box(sink.load(std::sync::atomic::Ordering::Relaxed));
+        best = best.max((words * 8) as f64 / s);
+    }
+    best
+}
+
+/// Peak resident set size of this process (Linux: VmHWM).
+pub fn peak_rss_bytes() -> Option<u64> {
+    let s = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = s.lines().find(|l| l.starts_with("VmHWM:"))?;
+    let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kb * 1024)
+}
