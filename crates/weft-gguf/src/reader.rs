@@ -275,8 +275,8 @@ impl GgufFile {
         let bs = t.ty.block_size();
         if cols.start > cols.end
             || cols.end > t.row_len()
-            || cols.start % bs != 0
-            || cols.end % bs != 0
+            || !cols.start.is_multiple_of(bs)
+            || !cols.end.is_multiple_of(bs)
         {
             return Err(self.err(FormatError::BadShard {
                 tensor: t.name.clone(),
@@ -438,7 +438,7 @@ fn parse_header(buf: &[u8]) -> Result<Header, FormatError> {
                 tensor: name.clone(),
                 detail: format!("dimensions {dims:?} overflow"),
             })?;
-        if dims[0] % ty.block_size() as u64 != 0 {
+        if !dims[0].is_multiple_of(ty.block_size() as u64) {
             return Err(FormatError::BadTensor {
                 tensor: name,
                 detail: format!(
@@ -452,7 +452,7 @@ fn parse_header(buf: &[u8]) -> Result<Header, FormatError> {
             tensor: name.clone(),
             detail: "size overflows".into(),
         })?;
-        if offset % alignment != 0 {
+        if !offset.is_multiple_of(alignment) {
             return Err(FormatError::BadTensor {
                 tensor: name,
                 detail: format!("offset {offset} is not a multiple of the alignment {alignment}"),

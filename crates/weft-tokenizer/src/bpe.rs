@@ -108,6 +108,18 @@ impl Merges {
     }
 }
 
+/// A queued merge of `left` with its successor `right`. Field order gives the derived ordering:
+/// lowest rank first, then leftmost (reversed into a min-heap). The lengths recorded at queue
+/// time detect pairs made stale by other merges, as symbols only grow.
+#[derive(PartialEq, Eq, PartialOrd, Ord)]
+struct Pair {
+    rank: u32,
+    left: usize,
+    right: usize,
+    left_len: usize,
+    right_len: usize,
+}
+
 #[derive(Clone, Copy)]
 struct Symbol {
     start: usize,
@@ -150,23 +162,29 @@ pub(crate) fn tokenize_word(
         }
     }
 
-    // Min-heap on (rank, left); the stored lengths detect pairs made stale by other merges.
-    let mut queue: BinaryHeap<Reverse<(u32, usize, usize, usize, usize)>> = BinaryHeap::new();
+    let mut queue: BinaryHeap<Reverse<Pair>> = BinaryHeap::new();
     let try_add = |queue: &mut BinaryHeap<_>, symbols: &[Symbol], left: usize| {
         let Some(right) = symbols[left].next else {
             return;
         };
         let (l, r) = (symbols[left], symbols[right]);
         if let Some(rank) = merges.rank(l.piece, r.piece) {
-            queue.push(Reverse((rank, left, right, l.len, r.len)));
+            queue.push(Reverse(Pair {
+                rank,
+                left,
+                right,
+                left_len: l.len,
+                right_len: r.len,
+            }));
         }
     };
     for i in 0..symbols.len() {
         try_add(&mut queue, &symbols, i);
     }
-    while let Some(Reverse((_, left, right, llen, rlen))) = queue.pop() {
+    while let Some(Reverse(pair)) = queue.pop() {
+        let (left, right) = (pair.left, pair.right);
         let (l, r) = (symbols[left], symbols[right]);
-        if l.len != llen || r.len != rlen || l.next != Some(right) {
+        if l.len != pair.left_len || r.len != pair.right_len || l.next != Some(right) {
             continue;
         }
         let len = l.len + r.len;

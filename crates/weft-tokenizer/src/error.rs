@@ -4,7 +4,9 @@
 /// GGUF metadata key at fault so a user can tell which part of the file is broken.
 #[derive(Debug, thiserror::Error)]
 pub enum TokenizerError {
-    #[error("tokenizer.ggml.model: unsupported tokenizer model {0:?} (expected \"llama\" or \"gpt2\")")]
+    #[error(
+        "tokenizer.ggml.model: unsupported tokenizer model {0:?} (expected \"llama\" or \"gpt2\")"
+    )]
     UnsupportedModel(String),
 
     #[error("tokenizer.ggml.pre: unknown pre-tokenizer type {0:?}")]

@@ -38,7 +38,10 @@ impl TextIndex {
     /// Indexes `texts`; on a duplicate returns `Err((first_id, second_id))`.
     pub fn new(texts: &[String]) -> Result<TextIndex, (u32, u32)> {
         // Load factor at most 1/2 keeps linear probes short.
-        let bits = (texts.len().max(1) * 2).next_power_of_two().trailing_zeros().max(4);
+        let bits = (texts.len().max(1) * 2)
+            .next_power_of_two()
+            .trailing_zeros()
+            .max(4);
         let mut index = TextIndex {
             slots: vec![EMPTY; 1 << bits],
             bits,

@@ -58,7 +58,8 @@ enum Model {
     Bpe {
         merges: bpe::Merges,
         pre: pretok::PreTokenizer,
-        alphabet: bpe::ByteAlphabet,
+        /// Boxed: its tables would make every `Model` a couple of kilobytes.
+        alphabet: Box<bpe::ByteAlphabet>,
     },
 }
 
@@ -126,7 +127,7 @@ impl Tokenizer {
             Model::Bpe {
                 merges: bpe::Merges::new(&lines)?,
                 pre: pretok::PreTokenizer::new(spec.pre.as_deref())?,
-                alphabet: bpe::ByteAlphabet::new(),
+                alphabet: Box::new(bpe::ByteAlphabet::new()),
             }
         };
         let default_add_bos = match &model {
@@ -190,7 +191,10 @@ impl Tokenizer {
                             if *add_space_prefix && prev_special {
                                 buf.push(spm::SPACE_MARK);
                             }
-                            buf.extend(t.chars().map(|c| if c == ' ' { spm::SPACE_MARK } else { c }));
+                            buf.extend(
+                                t.chars()
+                                    .map(|c| if c == ' ' { spm::SPACE_MARK } else { c }),
+                            );
                             spm::tokenize(&self.vocab, byte_ids, &buf, &mut out);
                             prev_special = false;
                         }

@@ -34,12 +34,7 @@ struct PreConfig {
 fn config(pre: &str) -> Option<PreConfig> {
     let (patterns, ignore_merges, add_bos): (&'static [&'static str], bool, bool) = match pre {
         "default" => (
-            &[
-                r"[\p{P}\$\+<=>\^~\|]+",
-                GPT2,
-                r"\p{N}+",
-                r"[0-9][0-9][0-9]",
-            ],
+            &[r"[\p{P}\$\+<=>\^~\|]+", GPT2, r"\p{N}+", r"[0-9][0-9][0-9]"],
             false,
             false,
         ),

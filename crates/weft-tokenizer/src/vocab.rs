@@ -119,7 +119,6 @@ impl Vocab {
         token_types: Option<Vec<i32>>,
     ) -> Result<Vocab, TokenizerError> {
         let n = texts.len();
-        let t0 = std::time::Instant::now();
         if n == 0 {
             return Err(TokenizerError::EmptyVocab);
         }
@@ -139,7 +138,10 @@ impl Vocab {
                 })
             }
             // -0.0 and +0.0 compare equal in llama.cpp's queue; normalise so a total order agrees.
-            Some(s) => s.into_iter().map(|x| if x == 0.0 { 0.0 } else { x }).collect(),
+            Some(s) => s
+                .into_iter()
+                .map(|x| if x == 0.0 { 0.0 } else { x })
+                .collect(),
             None => vec![0.0; n],
         };
         let attrs = match token_types {
@@ -161,15 +163,12 @@ impl Vocab {
                 *text = format!("[EMPTY_{i}]");
             }
         }
-        eprintln!("pre-index {:?}", t0.elapsed());
-        let index = TextIndex::new(&texts).map_err(|(first, second)| {
-            TokenizerError::DuplicateToken {
+        let index =
+            TextIndex::new(&texts).map_err(|(first, second)| TokenizerError::DuplicateToken {
                 text: texts[second as usize].clone(),
                 first,
                 second,
-            }
-        })?;
-        eprintln!("index {:?}", t0.elapsed());
+            })?;
         Ok(Vocab {
             texts,
             scores,
@@ -229,7 +228,7 @@ impl Vocab {
         let call = in_eog("<|call|>").or(in_eog("<|calls|>")).is_some();
         let end = in_eog("<|end|>");
         // o200k_harmony / solar-open: "<|end|>" separates messages there and must not stop.
-        let drop_end = (in_eog("<|return|>").is_some() && call) || (call && in_eog("<|flush|>").is_some());
+        let drop_end = call && (in_eog("<|return|>").is_some() || in_eog("<|flush|>").is_some());
         // Gemma 4 / PaddleOCR: "</s>" is ordinary text where "<|tool_response>" exists.
         let slash_s = in_eog("</s>").filter(|_| in_eog("<|tool_response>").is_some());
         if let Some(id) = end.filter(|_| drop_end) {

@@ -9,7 +9,9 @@ use weft_gguf::{Array, GgufFile};
 use weft_tokenizer::{StreamDecoder, Tokenizer, TokenizerSpec};
 
 fn model_path() -> PathBuf {
+    // Like the shell's ${WEFT_HOME:-...}: an empty value counts as unset.
     let home = std::env::var_os("WEFT_HOME")
+        .filter(|v| !v.is_empty())
         .map(PathBuf::from)
         .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache/weft")))
         .unwrap_or_else(|| PathBuf::from(".cache/weft"));
@@ -96,7 +98,10 @@ fn gemma3_matches_llama_cpp() {
     );
     let mut stream = StreamDecoder::new(&tok);
     let streamed: String = continuation.iter().map(|&id| stream.push(id)).collect();
-    assert_eq!(streamed + &stream.finish(), " the capital of the country of France.");
+    assert_eq!(
+        streamed + &stream.finish(),
+        " the capital of the country of France."
+    );
 }
 
 #[test]
@@ -149,4 +154,54 @@ fn gemma3_long_text_encodes_quickly() {
     let elapsed = start.elapsed();
     println!("3000 chars -> {} tokens in {elapsed:?}", ids.len());
     assert_eq!(tok.decode(&ids[1..]), text);
+}
+
+/// Ids produced by llama.cpp (via llama-cpp-python 0.3.36, `add_special = false`) for the same
+/// Gemma 3 file; they pin whitespace tokens, byte fallback, and special-token handling.
+#[test]
+fn gemma3_pinned_llama_cpp_ids() {
+    let Some(tok) = load() else { return };
+    let cases: &[(&str, bool, &[u32])] = &[
+        (
+            "<start_of_turn>user\nhi<end_of_turn>\n<start_of_turn>model\n",
+            true,
+            &[105, 2364, 107, 2202, 106, 107, 105, 4368, 107],
+        ),
+        (
+            "a  b   c    d",
+            false,
+            &[236746, 138, 236763, 139, 236755, 140, 236753],
+        ),
+        (
+            "line\nbreak\n\nparagraph\r\nwindows\r\n",
+            false,
+            &[1257, 107, 7284, 108, 35781, 251, 107, 33908, 251, 107],
+        ),
+        (
+            "héllo wörld ça va? naïve café",
+            false,
+            &[
+                236754, 7869, 844, 515, 4010, 671, 20924, 5380, 236881, 120362, 33443,
+            ],
+        ),
+        (
+            "emoji 😀🎉 👩\u{200d}👩\u{200d}👧 🇫🇷 family",
+            false,
+            &[
+                67906, 163543, 242061, 236743, 243767, 237243, 243767, 237243, 244814, 236743,
+                246598, 242644, 2523,
+            ],
+        ),
+        (
+            "<table><tr><td>a</td></tr></table>",
+            false,
+            &[168, 173, 175, 236746, 183, 181, 176],
+        ),
+        // "</s>" is user-defined in Gemma 3, but llama.cpp forces it to control by its text.
+        ("</s> strike", false, &[954, 236751, 236813, 15161]),
+        ("</s> strike", true, &[212, 15161]),
+    ];
+    for &(text, parse_special, want) in cases {
+        assert_eq!(tok.encode(text, false, parse_special), want, "{text:?}");
+    }
 }

@@ -59,14 +59,18 @@ fn dequant(ty: G, bytes: &[u8], n: usize) -> Vec<f32> {
 
 /// Relative RMS error bound of a format on the test distribution.
 fn rms_bound(ty: G) -> f64 {
+    // About 1.5x what the formats reach here (the 1% of 4x outliers inflate the block
+    // scales), so a wrong rounding or a lost bit shows up while noise does not.
     match ty {
         G::F32 => 0.0,
-        G::F16 => 1e-3,
-        G::BF16 => 8e-3,
-        G::Q8_0 | G::Q8_K => 0.01,
-        G::Q6_K => 0.6,
-        G::Q5_0 | G::Q5_K => 0.6,
-        G::Q4_0 | G::Q4_K => 0.6,
+        G::F16 => 4e-4,
+        G::BF16 => 4e-3,
+        G::Q8_0 | G::Q8_K => 0.015,
+        G::Q6_K => 0.035,
+        G::Q5_K => 0.06,
+        G::Q5_0 => 0.09,
+        G::Q4_K => 0.12,
+        G::Q4_0 => 0.17,
     }
 }
 
@@ -86,7 +90,6 @@ fn round_trip_every_type() {
                 .sum();
             let sig: f64 = x.iter().map(|a| (*a as f64).powi(2)).sum();
             let rel = (err / sig).sqrt();
-            eprintln!("RT {ty} n={n} {rel:.5}");
             assert!(rel <= rms_bound(ty), "{ty} n={n}: relative rms error {rel}");
         }
     }

@@ -7,7 +7,9 @@ fn id(t: &Tokenizer, s: &str) -> u32 {
 }
 
 const EXTRA: &[&str] = &["he", "Ġt", "Ġthe", "ll", "hell", "hello", "ab", "bc", "xyz"];
-const MERGES: &[&str] = &["h e", "Ġ t", "Ġt he", "l l", "he ll", "hell o", "b c", "a b"];
+const MERGES: &[&str] = &[
+    "h e", "Ġ t", "Ġt he", "l l", "he ll", "hell o", "b c", "a b",
+];
 
 #[test]
 fn merges_apply_by_rank() {
@@ -91,5 +93,21 @@ fn round_trips_varied_text() {
             let ids = t.encode(text, false, false);
             assert_eq!(t.decode(&ids), text, "{pre}: {ids:?}");
         }
+    }
+}
+
+#[test]
+fn long_text_is_fast() {
+    let mut text = "Hello the world, it's 12345 héllo 😀\n\n  ".repeat(2000);
+    // A long whitespace run is where a backtracking pre-tokenizer could turn quadratic.
+    text.push_str(&" ".repeat(20_000));
+    text.push('x');
+    for pre in ["llama-bpe", "qwen2", "default"] {
+        let t = tok(bpe_spec(pre, EXTRA, MERGES));
+        let start = std::time::Instant::now();
+        let ids = t.encode(&text, false, false);
+        let elapsed = start.elapsed();
+        assert_eq!(t.decode(&ids), text);
+        assert!(elapsed.as_secs() < 5, "{pre} took {elapsed:?}");
     }
 }

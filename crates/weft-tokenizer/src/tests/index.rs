@@ -14,7 +14,10 @@ fn finds_every_text_and_rejects_others() {
     }
     assert_eq!(index.get(&texts, "tok5000▁"), None);
     assert_eq!(index.get(&texts, ""), None);
-    assert_eq!(index.get(&texts, "a much longer text than any token in there"), None);
+    assert_eq!(
+        index.get(&texts, "a much longer text than any token in there"),
+        None
+    );
 }
 
 #[test]

@@ -41,7 +41,16 @@ fn gpt2_and_default_sequences() {
 #[test]
 fn pieces_cover_the_text() {
     let text = "Ünïcödé  \u{3000}text\twith 😀 emoji's and 9999 numbers\r\n";
-    for pre in ["llama-bpe", "qwen2", "qwen35", "default", "gpt-4o", "tekken", "smollm", "falcon"] {
+    for pre in [
+        "llama-bpe",
+        "qwen2",
+        "qwen35",
+        "default",
+        "gpt-4o",
+        "tekken",
+        "smollm",
+        "falcon",
+    ] {
         assert_eq!(split(Some(pre), text).concat(), text, "{pre}");
     }
 }

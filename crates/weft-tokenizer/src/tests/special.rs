@@ -62,7 +62,10 @@ fn longer_special_tokens_take_priority_over_leftmost() {
     ]);
     spec.add_space_prefix = Some(false);
     let t = tok(spec);
-    assert_eq!(t.encode("abcd", false, false), vec![id(&t, "a"), id(&t, "bcd")]);
+    assert_eq!(
+        t.encode("abcd", false, false),
+        vec![id(&t, "a"), id(&t, "bcd")]
+    );
     assert_eq!(
         t.encode("abab", false, false),
         vec![id(&t, "ab"), id(&t, "ab")]

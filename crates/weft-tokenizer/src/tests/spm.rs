@@ -49,8 +49,14 @@ fn merges_cascade_only_through_vocab_pieces() {
     spec.add_space_prefix = Some(false);
     let t = tok(spec);
     assert_eq!(t.encode("hello", false, false), vec![id(&t, "hello")]);
-    assert_eq!(t.encode("helo", false, false), vec![id(&t, "he"), id(&t, "l"), id(&t, "o")]);
-    assert_eq!(t.encode("hi hi", false, false), vec![id(&t, "hi"), id(&t, "▁hi")]);
+    assert_eq!(
+        t.encode("helo", false, false),
+        vec![id(&t, "he"), id(&t, "l"), id(&t, "o")]
+    );
+    assert_eq!(
+        t.encode("hi hi", false, false),
+        vec![id(&t, "hi"), id(&t, "▁hi")]
+    );
 }
 
 #[test]
@@ -63,7 +69,10 @@ fn unknown_characters_fall_back_to_bytes() {
     assert_eq!(&ids[1..], &bytes[..]);
     assert_eq!(t.decode(&ids), " 😀");
     // A known multi-byte character is one token.
-    assert_eq!(t.encode("日", false, false), vec![id(&t, "▁"), id(&t, "日")]);
+    assert_eq!(
+        t.encode("日", false, false),
+        vec![id(&t, "▁"), id(&t, "日")]
+    );
 }
 
 #[test]
@@ -88,7 +97,10 @@ fn defaults_special_ids_like_llama_cpp() {
     spec.eos_id = None;
     spec.unk_id = None;
     let t = tok(spec);
-    assert_eq!((t.bos_id(), t.eos_id(), t.unk_id()), (Some(1), Some(2), Some(0)));
+    assert_eq!(
+        (t.bos_id(), t.eos_id(), t.unk_id()),
+        (Some(1), Some(2), Some(0))
+    );
     assert!(t.is_eog(2));
 }
 

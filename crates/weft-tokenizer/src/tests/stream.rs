@@ -32,7 +32,10 @@ fn stream_concatenation_equals_decode() {
     let text = "hello 😀 wörld 日本 <tag> 👩‍👩‍👧";
     let mut ids = t.encode(text, true, false);
     // Splice in bytes that make invalid and truncated sequences, and a control token.
-    ids.splice(3..3, [BYTE0 + 0xC3, BYTE0 + 0xFF, BOS, BYTE0 + 0xF0, BYTE0 + 0x9F]);
+    ids.splice(
+        3..3,
+        [BYTE0 + 0xC3, BYTE0 + 0xFF, BOS, BYTE0 + 0xF0, BYTE0 + 0x9F],
+    );
     let mut d = StreamDecoder::new(&t);
     let mut streamed: String = ids.iter().map(|&id| d.push(id)).collect();
     streamed.push_str(&d.finish());

@@ -79,9 +79,40 @@ pub type F32 = Float<F32W>;
 pub type F16 = Float<F16W>;
 pub type Bf16 = Float<Bf16W>;
 
+/// One row with one activation, four accumulators (32 values per step) so the FMA
+/// latency does not bound a decode stream.
+///
+/// # Safety
+/// As [`Tile::tile`] with R = T = 1.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn dot1<W: Widen>(row: *const u8, act: *const u8, n: usize) -> f32 {
+    let mut acc = [_mm256_setzero_ps(); 4];
+    let mut i = 0;
+    // SAFETY (all reads): values i..i+32 (or i..i+8) are below n.
+    while i + 32 <= n {
+        for (k, a) in acc.iter_mut().enumerate() {
+            let j = i + 8 * k;
+            unsafe { *a = _mm256_fmadd_ps(W::load8(row.add(W::WB * j)), _mm256_loadu_ps(act.add(4 * j).cast()), *a) };
+        }
+        i += 32;
+    }
+    while i + 8 <= n {
+        unsafe { acc[0] = _mm256_fmadd_ps(W::load8(row.add(W::WB * i)), _mm256_loadu_ps(act.add(4 * i).cast()), acc[0]) };
+        i += 8;
+    }
+    let mut sum = hsum_ps(_mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3])));
+    while i < n {
+        sum += unsafe { W::load1(row.add(W::WB * i)) * read_f32(act.add(4 * i)) };
+        i += 1;
+    }
+    sum
+}
+
 impl<W: Widen> Tile for Float<W> {
     const WB: usize = W::WB;
     const AB: usize = 4;
+    const SCALES: bool = false;
 
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
@@ -89,7 +120,15 @@ impl<W: Widen> Tile for Float<W> {
         rows: [*const u8; R],
         acts: [*const u8; T],
         n: usize,
+        _ws: [*const f32; R],
+        _as: [*const f32; T],
     ) -> [[f32; T]; R] {
+        if R * T == 1 {
+            let mut out = [[0.0f32; T]; R];
+            // SAFETY: forwarded from the caller.
+            out[0][0] = unsafe { dot1::<W>(rows[0], acts[0], n) };
+            return out;
+        }
         let mut acc = [[_mm256_setzero_ps(); T]; R];
         let full = n / 8 * 8;
         let mut i = 0;

@@ -5,8 +5,13 @@
 //! levels unsigned (0..16 / 0..32) for `maddubs` and subtract offset*sum(a), computed once
 //! per token block; Q8_0 weights are signed, so they use the sign trick
 //! (|w| x sign(a, w)), which stays exact even for w = -128.
+//!
+//! The f16 block scales arrive converted to f32 (see the driver), so a block's scale
+//! costs two broadcast loads and a multiply, and the vector registers stay free for the
+//! accumulators: once those spill, every FMA waits on a store/reload round trip.
 
 use super::*;
+use std::mem::MaybeUninit;
 
 /// Nibbles of 16 bytes as 32 unsigned levels: low nibbles are values 0..16, high 16..32.
 ///
@@ -42,12 +47,32 @@ fn bytes_from_bits(bits: u32) -> __m256i {
     _mm256_cmpeq_epi8(forced, _mm256_set1_epi64x(-1))
 }
 
+/// A 32-value weight format: how to unpack a block and dot it with activation quants
+/// (8 lanes of i32 partial sums of levels x quants).
+pub trait Legacy {
+    const WB: usize;
+    /// What the stored levels exceed the true ones by (8 for Q4_0, 16 for Q5_0, 0 for
+    /// Q8_0); the tile subtracts OFFSET * d_w * d_a * sum(a) per block.
+    const OFFSET: i32;
+    /// What a weight block unpacks to (kept for all T tokens).
+    type W: Copy;
+    /// # Safety
+    /// AVX2 present; `wp` points to a readable block of `WB` bytes.
+    unsafe fn weights(wp: *const u8) -> Self::W;
+    /// # Safety
+    /// AVX2 present.
+    unsafe fn dot(w: Self::W, a: __m256i) -> __m256i;
+}
+
+/// Q4_0 / Q5_0: unsigned levels straight into `maddubs`.
+pub struct Offset<L>(std::marker::PhantomData<L>);
+pub type Q4_0 = Offset<Q4Levels>;
+pub type Q5_0 = Offset<Q5Levels>;
+
 /// The unsigned levels of an offset format (Q4_0: 0..16 minus 8, Q5_0: 0..32 minus 16).
 pub trait Levels {
     const WB: usize;
-    const OFFSET: i8;
-    /// The 32 levels of the block at `wp`.
-    ///
+    const OFFSET: i32;
     /// # Safety
     /// AVX2 present; `wp` points to a readable block of `WB` bytes.
     unsafe fn levels(wp: *const u8) -> __m256i;
@@ -58,7 +83,7 @@ pub struct Q5Levels;
 
 impl Levels for Q4Levels {
     const WB: usize = 18;
-    const OFFSET: i8 = 8;
+    const OFFSET: i32 = 8;
 
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
@@ -70,7 +95,7 @@ impl Levels for Q4Levels {
 
 impl Levels for Q5Levels {
     const WB: usize = 22;
-    const OFFSET: i8 = 16;
+    const OFFSET: i32 = 16;
 
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
@@ -82,59 +107,95 @@ impl Levels for Q5Levels {
     }
 }
 
-/// Q4_0 / Q5_0: unsigned levels, the offset subtracted through sum(a).
-pub struct Offset<L>(std::marker::PhantomData<L>);
-pub type Q4_0 = Offset<Q4Levels>;
-pub type Q5_0 = Offset<Q5Levels>;
-pub struct Q8_0;
-
-const Q8_0_AB: usize = 34;
-
-impl<L: Levels> Tile for Offset<L> {
+impl<L: Levels> Legacy for Offset<L> {
     const WB: usize = L::WB;
-    const AB: usize = Q8_0_AB;
+    const OFFSET: i32 = L::OFFSET;
+    type W = __m256i;
 
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn tile<const R: usize, const T: usize>(
-        rows: [*const u8; R],
-        acts: [*const u8; T],
-        nb: usize,
-    ) -> [[f32; T]; R] {
-        let ones = _mm256_set1_epi16(1);
-        let offset = _mm256_set1_epi8(L::OFFSET);
-        let mut acc = [[_mm256_setzero_ps(); T]; R];
-        for b in 0..nb {
-            let mut da = [0.0f32; T];
-            let mut a = [_mm256_setzero_si256(); T];
-            let mut off = [_mm256_setzero_si256(); T];
-            for t in 0..T {
-                // SAFETY: block b of activation t is in bounds (nb blocks).
-                let ap = unsafe { acts[t].add(b * Q8_0_AB) };
-                da[t] = f16_to_f32(unsafe { read_u16(ap) });
-                a[t] = unsafe { load256(ap.add(2)) };
-                off[t] = _mm256_maddubs_epi16(offset, a[t]);
-            }
-            for r in 0..R {
-                // SAFETY: block b of row r is in bounds (nb blocks).
-                let wp = unsafe { rows[r].add(b * L::WB) };
-                let dw = f16_to_f32(unsafe { read_u16(wp) });
-                let u = unsafe { L::levels(wp) };
-                for t in 0..T {
-                    // No i16 overflow: |u*a| pair sums stay below 2*31*128.
-                    let p = _mm256_sub_epi16(_mm256_maddubs_epi16(u, a[t]), off[t]);
-                    let p = _mm256_cvtepi32_ps(_mm256_madd_epi16(p, ones));
-                    acc[r][t] = _mm256_fmadd_ps(p, _mm256_set1_ps(dw * da[t]), acc[r][t]);
-                }
-            }
-        }
-        hsum_grid(&acc)
+    unsafe fn weights(wp: *const u8) -> __m256i {
+        // SAFETY: forwarded from the caller.
+        unsafe { L::levels(wp) }
+    }
+
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn dot(u: __m256i, a: __m256i) -> __m256i {
+        // No i16 saturation: pair sums stay below 2 * 31 * 128.
+        _mm256_madd_epi16(_mm256_maddubs_epi16(u, a), _mm256_set1_epi16(1))
     }
 }
 
-impl Tile for Q8_0 {
+pub struct Q8_0;
+
+impl Legacy for Q8_0 {
     const WB: usize = 34;
+    const OFFSET: i32 = 0;
+    /// |w| and w (the sign source).
+    type W = (__m256i, __m256i);
+
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn weights(wp: *const u8) -> (__m256i, __m256i) {
+        // SAFETY: qs is bytes 2..34 of the block.
+        let q = unsafe { load256(wp.add(2)) };
+        (_mm256_abs_epi8(q), q)
+    }
+
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn dot((aq, q): (__m256i, __m256i), a: __m256i) -> __m256i {
+        // |w| * (a with w's sign) = w * a, and |-128| = 128 is right as unsigned.
+        let p = _mm256_maddubs_epi16(aq, _mm256_sign_epi8(a, q));
+        _mm256_madd_epi16(p, _mm256_set1_epi16(1))
+    }
+}
+
+const Q8_0_AB: usize = 34;
+
+/// `prod[b] = ws[b] * as_[b]` for the padded span (see [`Tile::tile`]), and, for offset
+/// formats, the offset term OFFSET * sum_b prod[b] * sum(a of block b).
+///
+/// # Safety
+/// `ws` and `as_` are readable for `cp` floats and `as_ + cp` (the sums) too when
+/// OFFSET != 0; `prod` is writable for `cp` floats; `cp` is a multiple of 8.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn products<K: Legacy>(ws: *const f32, as_: *const f32, cp: usize, prod: *mut f32) -> f32 {
+    let mut corr = _mm256_setzero_ps();
+    for k in (0..cp).step_by(8) {
+        // SAFETY: k + 8 <= cp <= COLS.
+        unsafe {
+            let v = _mm256_mul_ps(_mm256_loadu_ps(ws.add(k)), _mm256_loadu_ps(as_.add(k)));
+            _mm256_storeu_ps(prod.add(k), v);
+            if K::OFFSET != 0 {
+                corr = _mm256_fmadd_ps(v, _mm256_loadu_ps(as_.add(cp + k)), corr);
+            }
+        }
+    }
+    K::OFFSET as f32 * hsum_ps(corr)
+}
+
+/// Adds block `b`'s contribution to `acc`.
+///
+/// # Safety
+/// As [`Tile::tile`], with block b in bounds.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn add_block<K: Legacy>(acc: __m256, w: K::W, act: *const u8, b: usize, prod: *const f32) -> __m256 {
+    // SAFETY: forwarded from the caller (prod[b] was written by `products`).
+    unsafe {
+        let p = K::dot(w, load256(act.add(b * Q8_0_AB + 2)));
+        _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_broadcast_ss(&*prod.add(b)), acc)
+    }
+}
+
+impl<K: Legacy> Tile for K {
+    const WB: usize = K::WB;
     const AB: usize = Q8_0_AB;
+    const SCALES: bool = true;
+    const SUMS: bool = K::OFFSET != 0;
 
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
@@ -142,31 +203,53 @@ impl Tile for Q8_0 {
         rows: [*const u8; R],
         acts: [*const u8; T],
         nb: usize,
+        ws: [*const f32; R],
+        as_: [*const f32; T],
     ) -> [[f32; T]; R] {
-        let ones = _mm256_set1_epi16(1);
-        let mut acc = [[_mm256_setzero_ps(); T]; R];
-        for b in 0..nb {
-            let mut da = [0.0f32; T];
-            let mut a = [_mm256_setzero_si256(); T];
-            for t in 0..T {
-                // SAFETY: block b of activation t is in bounds (nb blocks).
-                let ap = unsafe { acts[t].add(b * Q8_0_AB) };
-                da[t] = f16_to_f32(unsafe { read_u16(ap) });
-                a[t] = unsafe { load256(ap.add(2)) };
-            }
-            for r in 0..R {
-                // SAFETY: block b of row r is in bounds (nb blocks).
-                let wp = unsafe { rows[r].add(b * 34) };
-                let dw = f16_to_f32(unsafe { read_u16(wp) });
-                let q = unsafe { load256(wp.add(2)) };
-                let aq = _mm256_abs_epi8(q);
-                for t in 0..T {
-                    let p = _mm256_maddubs_epi16(aq, _mm256_sign_epi8(a[t], q));
-                    let p = _mm256_cvtepi32_ps(_mm256_madd_epi16(p, ones));
-                    acc[r][t] = _mm256_fmadd_ps(p, _mm256_set1_ps(dw * da[t]), acc[r][t]);
+        // One row per tile: the products below are per (row, token).
+        const { assert!(R == 1) };
+        let cp = nb.div_ceil(8) * 8;
+        let row = rows[0];
+        let mut out = [[0.0f32; T]; R];
+        // Left uninitialised: `products` writes the cp <= COLS entries that are read
+        // (zeroing 8 KiB per tile cost more than short rows' dot products).
+        let mut store = [[MaybeUninit::<f32>::uninit(); COLS]; T];
+        let mut prod = [std::ptr::null::<f32>(); T];
+        for t in 0..T {
+            let p = store[t].as_mut_ptr().cast::<f32>();
+            // SAFETY: the driver's scale records are padded to cp (with zeros); cp <= COLS.
+            out[0][t] = -unsafe { products::<K>(ws[0], as_[t], cp, p) };
+            prod[t] = p;
+        }
+        // SAFETY (all blocks below): b < nb, and the caller vouches for nb blocks.
+        if T == 1 {
+            // Decode: two accumulators over alternate blocks so the FMA latency does not
+            // bound the stream.
+            let (mut acc0, mut acc1) = (_mm256_setzero_ps(), _mm256_setzero_ps());
+            let mut b = 0;
+            while b + 2 <= nb {
+                unsafe {
+                    acc0 = add_block::<K>(acc0, K::weights(row.add(b * K::WB)), acts[0], b, prod[0]);
+                    acc1 = add_block::<K>(acc1, K::weights(row.add((b + 1) * K::WB)), acts[0], b + 1, prod[0]);
                 }
+                b += 2;
+            }
+            if b < nb {
+                acc0 = unsafe { add_block::<K>(acc0, K::weights(row.add(b * K::WB)), acts[0], b, prod[0]) };
+            }
+            out[0][0] += hsum_ps(_mm256_add_ps(acc0, acc1));
+            return out;
+        }
+        let mut acc = [_mm256_setzero_ps(); T];
+        for b in 0..nb {
+            let w = unsafe { K::weights(row.add(b * K::WB)) };
+            for t in 0..T {
+                acc[t] = unsafe { add_block::<K>(acc[t], w, acts[t], b, prod[t]) };
             }
         }
-        hsum_grid(&acc)
+        for t in 0..T {
+            out[0][t] += hsum_ps(acc[t]);
+        }
+        out
     }
 }
