@@ -36,7 +36,9 @@ pub enum FormatError {
     },
     #[error("tensor '{tensor}': {detail}")]
     BadTensor { tensor: String, detail: String },
-    #[error("tensor '{tensor}': data [{start}, {end}) lies past the end of the file ({len} bytes)")]
+    #[error(
+        "tensor '{tensor}': data [{start}, {end}) lies past the end of the file ({len} bytes)"
+    )]
     TensorPastEnd {
         tensor: String,
         start: u64,

@@ -288,7 +288,10 @@ impl GgufFile {
         }
         let range = self.row_range(t, rows.clone())?;
         let rb = t.row_bytes();
-        let (b0, b1) = (cols.start / bs * t.ty.type_size(), cols.end / bs * t.ty.type_size());
+        let (b0, b1) = (
+            cols.start / bs * t.ty.type_size(),
+            cols.end / bs * t.ty.type_size(),
+        );
         let src = &self.bytes()[range];
         let mut out = Vec::with_capacity(rows.len() * (b1 - b0));
         for row in src.chunks_exact(rb) {
@@ -429,7 +432,12 @@ fn parse_header(buf: &[u8]) -> Result<Header, FormatError> {
                     type_id,
                 })
             }
-            Err(None) => return Err(FormatError::UnknownTensorType { tensor: name, type_id }),
+            Err(None) => {
+                return Err(FormatError::UnknownTensorType {
+                    tensor: name,
+                    type_id,
+                })
+            }
         };
         let n_elems = dims
             .iter()
@@ -448,10 +456,12 @@ fn parse_header(buf: &[u8]) -> Result<Header, FormatError> {
                 ),
             });
         }
-        let n_bytes = ty.bytes_for(n_elems).ok_or_else(|| FormatError::BadTensor {
-            tensor: name.clone(),
-            detail: "size overflows".into(),
-        })?;
+        let n_bytes = ty
+            .bytes_for(n_elems)
+            .ok_or_else(|| FormatError::BadTensor {
+                tensor: name.clone(),
+                detail: "size overflows".into(),
+            })?;
         if !offset.is_multiple_of(alignment) {
             return Err(FormatError::BadTensor {
                 tensor: name,

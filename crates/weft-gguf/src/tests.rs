@@ -7,8 +7,14 @@ fn sample() -> GgufWriter {
     w.set_str("general.architecture", "llama")
         .set_u32("llama.block_count", 2)
         .set_f32("llama.rope.freq_base", 10000.0)
-        .set("tokenizer.ggml.tokens", Value::Array(Array::String(vec!["a".into(), "b".into()])))
-        .set("tokenizer.ggml.scores", Value::Array(Array::F32(vec![0.5, -1.0])));
+        .set(
+            "tokenizer.ggml.tokens",
+            Value::Array(Array::String(vec!["a".into(), "b".into()])),
+        )
+        .set(
+            "tokenizer.ggml.scores",
+            Value::Array(Array::F32(vec![0.5, -1.0])),
+        );
     let data: Vec<u8> = (0..4 * 64 * 3).map(|i| i as u8).collect();
     w.add_tensor("w", &[64, 3], GgmlType::F32, data);
     w.add_tensor("q", &[32, 2], GgmlType::Q8_0, vec![7u8; 68]);
@@ -40,7 +46,10 @@ fn round_trip() {
     assert_eq!(cols[8], (256 + 4) as u8);
     let q = f.tensor("q").unwrap();
     assert_eq!(f.tensor_bytes(q), &[7u8; 68][..]);
-    assert!(f.copy_columns(q, 0..2, 0..16).is_err(), "columns off the block boundary");
+    assert!(
+        f.copy_columns(q, 0..2, 0..16).is_err(),
+        "columns off the block boundary"
+    );
 }
 
 #[test]
@@ -50,7 +59,9 @@ fn file_on_disk() {
     sample().write_file(&p).unwrap();
     let f = GgufFile::open(&p).unwrap();
     assert_eq!(f.tensors().len(), 2);
-    let e = GgufFile::open(dir.path().join("missing.gguf")).err().unwrap();
+    let e = GgufFile::open(dir.path().join("missing.gguf"))
+        .err()
+        .unwrap();
     assert!(e.to_string().contains("missing.gguf"), "{e}");
 }
 
@@ -59,8 +70,14 @@ fn bad_magic() {
     let mut b = sample().to_bytes();
     b[0] = b'X';
     let e = parse(b).err().unwrap();
-    assert!(matches!(e.format(), Some(FormatError::BadMagic { .. })), "{e}");
-    assert!(e.to_string().starts_with("test.gguf: not a GGUF file"), "{e}");
+    assert!(
+        matches!(e.format(), Some(FormatError::BadMagic { .. })),
+        "{e}"
+    );
+    assert!(
+        e.to_string().starts_with("test.gguf: not a GGUF file"),
+        "{e}"
+    );
     assert!(parse(vec![1, 2]).is_err());
 }
 
@@ -69,14 +86,22 @@ fn bad_version() {
     let mut b = sample().to_bytes();
     b[4] = 1;
     let e = parse(b).err().unwrap();
-    assert_eq!(e.format(), Some(&FormatError::UnsupportedVersion { version: 1 }));
+    assert_eq!(
+        e.format(),
+        Some(&FormatError::UnsupportedVersion { version: 1 })
+    );
 }
 
 #[test]
 fn every_truncation_is_an_error() {
     let b = sample().to_bytes();
     let f = parse(b.clone()).unwrap();
-    let last = f.tensors().iter().map(|t| f.data_offset() + t.offset + t.n_bytes).max().unwrap();
+    let last = f
+        .tensors()
+        .iter()
+        .map(|t| f.data_offset() + t.offset + t.n_bytes)
+        .max()
+        .unwrap();
     // trailing alignment padding may go; every byte before the end of the last tensor counts
     for cut in 0..last as usize {
         let r = parse(b[..cut].to_vec());
@@ -91,7 +116,10 @@ fn tensor_past_end() {
     let mut b = w.to_bytes();
     b.truncate(b.len() - 32);
     let e = parse(b).err().unwrap();
-    assert!(matches!(e.format(), Some(FormatError::TensorPastEnd { tensor, .. }) if tensor == "big"), "{e}");
+    assert!(
+        matches!(e.format(), Some(FormatError::TensorPastEnd { tensor, .. }) if tensor == "big"),
+        "{e}"
+    );
 }
 
 #[test]
@@ -106,8 +134,12 @@ fn unknown_and_unsupported_tensor_types() {
         c[at..at + 4].copy_from_slice(&id.to_le_bytes());
         let e = parse(c).err().unwrap();
         match e.format() {
-            Some(FormatError::UnsupportedTensorType { name, .. }) if want_known => assert_eq!(*name, "Q2_K"),
-            Some(FormatError::UnknownTensorType { type_id, .. }) if !want_known => assert_eq!(*type_id, 77),
+            Some(FormatError::UnsupportedTensorType { name, .. }) if want_known => {
+                assert_eq!(*name, "Q2_K")
+            }
+            Some(FormatError::UnknownTensorType { type_id, .. }) if !want_known => {
+                assert_eq!(*type_id, 77)
+            }
             other => panic!("unexpected {other:?}"),
         }
         assert!(e.to_string().contains("tensor 't'"), "{e}");
@@ -119,7 +151,10 @@ fn huge_counts_do_not_allocate() {
     let mut b = sample().to_bytes();
     b[8..16].copy_from_slice(&u64::MAX.to_le_bytes());
     let e = parse(b).err().unwrap();
-    assert!(matches!(e.format(), Some(FormatError::CountTooLarge { .. })), "{e}");
+    assert!(
+        matches!(e.format(), Some(FormatError::CountTooLarge { .. })),
+        "{e}"
+    );
 }
 
 #[test]

@@ -52,7 +52,13 @@ impl GgufWriter {
 
     /// Adds a tensor whose bytes are already in `ty`'s block layout.
     /// `dims[0]` is the row length, as in the reader.
-    pub fn add_tensor(&mut self, name: &str, dims: &[u64], ty: GgmlType, data: Vec<u8>) -> &mut Self {
+    pub fn add_tensor(
+        &mut self,
+        name: &str,
+        dims: &[u64],
+        ty: GgmlType,
+        data: Vec<u8>,
+    ) -> &mut Self {
         let n: u64 = dims.iter().product();
         assert_eq!(
             ty.bytes_for(n),
@@ -72,7 +78,8 @@ impl GgufWriter {
     /// Serialises the file into a byte vector.
     pub fn to_bytes(&self) -> Vec<u8> {
         let mut out = Vec::new();
-        self.write_to(&mut out).expect("writing to a Vec cannot fail");
+        self.write_to(&mut out)
+            .expect("writing to a Vec cannot fail");
         out
     }
 

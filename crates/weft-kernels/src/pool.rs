@@ -166,7 +166,7 @@ fn worker_loop(s: &Shared, index: usize) {
                 return;
             }
             spins = spins.wrapping_add(1);
-            if spins % 1024 != 0 || spin_start.elapsed() < SPIN_FOR {
+            if !spins.is_multiple_of(1024) || spin_start.elapsed() < SPIN_FOR {
                 std::hint::spin_loop();
                 continue;
             }

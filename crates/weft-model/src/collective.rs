@@ -12,7 +12,12 @@ pub trait Collective: Send {
     fn all_reduce_sum(&mut self, buf: &mut [f32]) -> Result<(), String>;
     /// Concatenates each rank's `local` (rank order) into `out` on every rank.
     /// `counts[r]` is rank r's length; `out` is their sum.
-    fn all_gather(&mut self, local: &[f32], counts: &[usize], out: &mut [f32]) -> Result<(), String>;
+    fn all_gather(
+        &mut self,
+        local: &[f32],
+        counts: &[usize],
+        out: &mut [f32],
+    ) -> Result<(), String>;
 }
 
 /// The collective of a group of one.
@@ -29,7 +34,12 @@ impl Collective for Identity {
     fn all_reduce_sum(&mut self, _buf: &mut [f32]) -> Result<(), String> {
         Ok(())
     }
-    fn all_gather(&mut self, local: &[f32], _counts: &[usize], out: &mut [f32]) -> Result<(), String> {
+    fn all_gather(
+        &mut self,
+        local: &[f32],
+        _counts: &[usize],
+        out: &mut [f32],
+    ) -> Result<(), String> {
         out[..local.len()].copy_from_slice(local);
         Ok(())
     }
@@ -66,7 +76,10 @@ impl InProcess {
     }
 
     fn publish(&self, data: &[f32]) -> Result<(), String> {
-        let mut s = self.slots.lock().map_err(|_| "in-process group poisoned".to_string())?;
+        let mut s = self
+            .slots
+            .lock()
+            .map_err(|_| "in-process group poisoned".to_string())?;
         s.bufs[self.rank].clear();
         s.bufs[self.rank].extend_from_slice(data);
         Ok(())
@@ -84,11 +97,18 @@ impl Collective for InProcess {
         self.publish(buf)?;
         self.barrier.wait();
         {
-            let s = self.slots.lock().map_err(|_| "in-process group poisoned".to_string())?;
+            let s = self
+                .slots
+                .lock()
+                .map_err(|_| "in-process group poisoned".to_string())?;
             buf.iter_mut().for_each(|v| *v = 0.0);
             for b in &s.bufs {
                 if b.len() != buf.len() {
-                    return Err(format!("all-reduce of {} values met one of {}", buf.len(), b.len()));
+                    return Err(format!(
+                        "all-reduce of {} values met one of {}",
+                        buf.len(),
+                        b.len()
+                    ));
                 }
                 for (o, v) in buf.iter_mut().zip(b) {
                     *o += v;
@@ -98,15 +118,27 @@ impl Collective for InProcess {
         self.barrier.wait();
         Ok(())
     }
-    fn all_gather(&mut self, local: &[f32], counts: &[usize], out: &mut [f32]) -> Result<(), String> {
+    fn all_gather(
+        &mut self,
+        local: &[f32],
+        counts: &[usize],
+        out: &mut [f32],
+    ) -> Result<(), String> {
         self.publish(local)?;
         self.barrier.wait();
         {
-            let s = self.slots.lock().map_err(|_| "in-process group poisoned".to_string())?;
+            let s = self
+                .slots
+                .lock()
+                .map_err(|_| "in-process group poisoned".to_string())?;
             let mut at = 0;
             for (r, b) in s.bufs.iter().enumerate() {
                 if b.len() != counts[r] {
-                    return Err(format!("rank {r} gathered {} values, expected {}", b.len(), counts[r]));
+                    return Err(format!(
+                        "rank {r} gathered {} values, expected {}",
+                        b.len(),
+                        counts[r]
+                    ));
                 }
                 out[at..at + b.len()].copy_from_slice(b);
                 at += b.len();

@@ -100,7 +100,12 @@ impl ModelConfig {
         };
         let n_ff = us("feed_forward_length")?;
         let bad = |key: String, detail: String| f.err(FormatError::BadValue { key, detail });
-        if n_embd == 0 || n_layer == 0 || n_head == 0 || n_head_kv == 0 || head_dim == 0 || n_ff == 0
+        if n_embd == 0
+            || n_layer == 0
+            || n_head == 0
+            || n_head_kv == 0
+            || head_dim == 0
+            || n_ff == 0
         {
             return Err(bad(k("*"), "embedding_length, block_count, head counts, key_length and feed_forward_length must be positive".into()));
         }
@@ -125,7 +130,11 @@ impl ModelConfig {
                 format!("{n_rot} must be even and at most the head size {head_dim}"),
             ));
         }
-        let default_base = if arch == Arch::Gemma3 { 1_000_000.0 } else { 10_000.0 };
+        let default_base = if arch == Arch::Gemma3 {
+            1_000_000.0
+        } else {
+            10_000.0
+        };
         let rope_base = f.get_f32_or(&k("rope.freq_base"), default_base)?;
         let rope_base_swa = f.get_f32_or(&k("rope.freq_base_swa"), 10_000.0)?;
         let rope_freq_scale = match f.get(&k("rope.scaling.type")).and_then(|v| v.as_str()) {
@@ -142,7 +151,9 @@ impl ModelConfig {
         let tok = f.get_array("tokenizer.ggml.tokens")?;
         let n_vocab = tok.len();
         let embd = f.tensor("token_embd.weight")?;
-        if embd.dims.len() != 2 || embd.dims[0] as usize != n_embd || embd.dims[1] as usize != n_vocab
+        if embd.dims.len() != 2
+            || embd.dims[0] as usize != n_embd
+            || embd.dims[1] as usize != n_vocab
         {
             return Err(f.err(FormatError::BadTensor {
                 tensor: "token_embd.weight".into(),
@@ -237,7 +248,9 @@ fn sliding_windows(
         _ => {
             let default = if arch == Arch::Gemma3 { 6 } else { 0 };
             let pat = f.get_u64_or(&pat_key, default)? as usize;
-            (0..n_layer).map(|il| pat == 0 || il % pat < pat - 1).collect()
+            (0..n_layer)
+                .map(|il| pat == 0 || il % pat < pat - 1)
+                .collect()
         }
     };
     Ok(is_swa

@@ -111,8 +111,14 @@ impl Engine {
 
     /// Runs `tokens` after what the cache holds and leaves the last token's logits.
     fn step(&mut self, tokens: &[u32], want: Logits) -> Result<(), ModelError> {
-        self.model
-            .forward(tokens, &mut self.kv, &mut Identity, &self.pool, want, &mut self.logits)
+        self.model.forward(
+            tokens,
+            &mut self.kv,
+            &mut Identity,
+            &self.pool,
+            want,
+            &mut self.logits,
+        )
     }
 
     /// Logits of the last token run (after `prefill`/`decode`).
@@ -178,7 +184,11 @@ impl Engine {
                 let top = top_logprobs(logits, req.logprobs);
                 out.logprobs.push((0.0, top));
             }
-            let raw_best = if req.logprobs > 0 { Some(logits.to_vec()) } else { None };
+            let raw_best = if req.logprobs > 0 {
+                Some(logits.to_vec())
+            } else {
+                None
+            };
             let tok = sampler.sample(logits, &history);
             if let (Some(raw), Some(last)) = (raw_best, out.logprobs.last_mut()) {
                 last.0 = logprob_of(&raw, tok);
@@ -204,7 +214,14 @@ impl Engine {
                 break;
             }
             // Field-wise borrow: the stream decoder holds the tokenizer.
-            self.model.forward(&[tok], &mut self.kv, &mut Identity, &self.pool, Logits::Last, &mut self.logits)?;
+            self.model.forward(
+                &[tok],
+                &mut self.kv,
+                &mut Identity,
+                &self.pool,
+                Logits::Last,
+                &mut self.logits,
+            )?;
             out.decode_steps += 1;
         }
         if out.finish == FinishReason::Length {

@@ -62,6 +62,9 @@ impl KvCache {
     }
 
     pub fn bytes(&self) -> usize {
-        self.layers.iter().map(|l| (l.k.len() + l.v.len()) * 4).sum()
+        self.layers
+            .iter()
+            .map(|l| (l.k.len() + l.v.len()) * 4)
+            .sum()
     }
 }

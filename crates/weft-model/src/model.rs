@@ -155,12 +155,26 @@ impl Model {
                 wv: Linear::load_rows(f, &n("attn_v.weight"), e, cfg.kv_dim(), kv_rows.clone())?,
                 q_norm: opt_vec("attn_q_norm.weight", hd)?,
                 k_norm: opt_vec("attn_k_norm.weight", hd)?,
-                wo: Linear::load_cols(f, &n("attn_output.weight"), cfg.q_dim(), e, q_rows.clone(), first_rank)?,
+                wo: Linear::load_cols(
+                    f,
+                    &n("attn_output.weight"),
+                    cfg.q_dim(),
+                    e,
+                    q_rows.clone(),
+                    first_rank,
+                )?,
                 post_attn_norm,
                 ffn_norm: load_vector(f, &n("ffn_norm.weight"), e)?,
                 gate: Linear::load_rows(f, &n("ffn_gate.weight"), e, ff, shard.ffn.clone())?,
                 up: Linear::load_rows(f, &n("ffn_up.weight"), e, ff, shard.ffn.clone())?,
-                down: Linear::load_cols(f, &n("ffn_down.weight"), ff, e, shard.ffn.clone(), first_rank)?,
+                down: Linear::load_cols(
+                    f,
+                    &n("ffn_down.weight"),
+                    ff,
+                    e,
+                    shard.ffn.clone(),
+                    first_rank,
+                )?,
                 post_ffw_norm,
                 window: cfg.window[il],
             });
@@ -168,8 +182,18 @@ impl Model {
         }
         let embed = Embedding::load(f, "token_embd.weight", e, cfg.n_vocab)?;
         let head = if shard.is_last_stage(&cfg) {
-            let name = if cfg.tied_output { "token_embd.weight" } else { "output.weight" };
-            Some(Linear::load_rows(f, name, e, cfg.n_vocab, shard.vocab.clone())?)
+            let name = if cfg.tied_output {
+                "token_embd.weight"
+            } else {
+                "output.weight"
+            };
+            Some(Linear::load_rows(
+                f,
+                name,
+                e,
+                cfg.n_vocab,
+                shard.vocab.clone(),
+            )?)
         } else {
             None
         };
@@ -200,8 +224,18 @@ impl Model {
             tile: vec![0.0; ubatch * widest_out],
         };
         Ok(Model {
-            rope_global: Rope::new(cfg.rope_style, cfg.n_rot, cfg.rope_base, cfg.rope_freq_scale),
-            rope_local: Rope::new(cfg.rope_style, cfg.n_rot, cfg.rope_base_swa, cfg.rope_freq_scale),
+            rope_global: Rope::new(
+                cfg.rope_style,
+                cfg.n_rot,
+                cfg.rope_base,
+                cfg.rope_freq_scale,
+            ),
+            rope_local: Rope::new(
+                cfg.rope_style,
+                cfg.n_rot,
+                cfg.rope_base_swa,
+                cfg.rope_freq_scale,
+            ),
             cfg,
             shard,
             file,
@@ -246,7 +280,12 @@ impl Model {
     /// A KV cache for one sequence of up to `n_ctx` tokens.
     pub fn new_cache(&self, n_ctx: usize) -> KvCache {
         let windows: Vec<_> = self.layers.iter().map(|l| l.window).collect();
-        KvCache::new(&windows, self.kv_heads.len() * self.cfg.head_dim, n_ctx, self.ubatch)
+        KvCache::new(
+            &windows,
+            self.kv_heads.len() * self.cfg.head_dim,
+            n_ctx,
+            self.ubatch,
+        )
     }
 
     /// The hidden state of the last forward call's tokens (`m x n_embd`): what a pipeline
@@ -301,7 +340,8 @@ impl Model {
             )));
         }
         for (t, &id) in tokens.iter().enumerate() {
-            self.embed.lookup(id, self.cfg.embed_scale, &mut self.ws.x[t * e..(t + 1) * e])?;
+            self.embed
+                .lookup(id, self.cfg.embed_scale, &mut self.ws.x[t * e..(t + 1) * e])?;
         }
         Ok(())
     }
@@ -316,7 +356,10 @@ impl Model {
         pool: &ThreadPool,
     ) -> Result<(), ModelError> {
         if m == 0 || m > self.ubatch {
-            return Err(ModelError::Invalid(format!("micro-batch of {m} tokens (1..={})", self.ubatch)));
+            return Err(ModelError::Invalid(format!(
+                "micro-batch of {m} tokens (1..={})",
+                self.ubatch
+            )));
         }
         if kv.pos + m > kv.n_ctx {
             return Err(ModelError::ContextFull {
@@ -325,7 +368,9 @@ impl Model {
             });
         }
         if kv.layers.len() != self.layers.len() {
-            return Err(ModelError::Invalid("KV cache was made for another shard".into()));
+            return Err(ModelError::Invalid(
+                "KV cache was made for another shard".into(),
+            ));
         }
         let pos0 = kv.pos;
         for li in 0..self.layers.len() {
@@ -355,12 +400,51 @@ impl Model {
 
         // Attention block.
         for t in 0..m {
-            ops::rms_norm(&ws.x[t * e..(t + 1) * e], &layer.attn_norm, cfg.eps, &mut ws.xn[t * e..(t + 1) * e]);
+            ops::rms_norm(
+                &ws.x[t * e..(t + 1) * e],
+                &layer.attn_norm,
+                cfg.eps,
+                &mut ws.xn[t * e..(t + 1) * e],
+            );
         }
-        linear(pool, &layer.wq, &ws.xn, e, m, &mut ws.q, ql, &mut ws.acts, &mut ws.tile);
-        linear(pool, &layer.wk, &ws.xn, e, m, &mut ws.k, kvl, &mut ws.acts, &mut ws.tile);
-        linear(pool, &layer.wv, &ws.xn, e, m, &mut ws.v, kvl, &mut ws.acts, &mut ws.tile);
-        let rope = if layer.window.is_some() { &self.rope_local } else { &self.rope_global };
+        linear(
+            pool,
+            &layer.wq,
+            &ws.xn,
+            e,
+            m,
+            &mut ws.q,
+            ql,
+            &mut ws.acts,
+            &mut ws.tile,
+        );
+        linear(
+            pool,
+            &layer.wk,
+            &ws.xn,
+            e,
+            m,
+            &mut ws.k,
+            kvl,
+            &mut ws.acts,
+            &mut ws.tile,
+        );
+        linear(
+            pool,
+            &layer.wv,
+            &ws.xn,
+            e,
+            m,
+            &mut ws.v,
+            kvl,
+            &mut ws.acts,
+            &mut ws.tile,
+        );
+        let rope = if layer.window.is_some() {
+            &self.rope_local
+        } else {
+            &self.rope_global
+        };
         let lkv = &mut kv.layers[li];
         for t in 0..m {
             let pos = pos0 + t;
@@ -401,28 +485,101 @@ impl Model {
             let p = att_ptr;
             // SAFETY: each (token, head) task writes its own head_dim slice of `att`.
             let out = unsafe { std::slice::from_raw_parts_mut(p.0.add(t * ql + h * hd), hd) };
-            attend(&q[t * ql + h * hd..t * ql + (h + 1) * hd], lkv, kvh * hd, hd, first..pos + 1, out);
+            attend(
+                &q[t * ql + h * hd..t * ql + (h + 1) * hd],
+                lkv,
+                kvh * hd,
+                hd,
+                first..pos + 1,
+                out,
+            );
         });
-        linear(pool, &layer.wo, &ws.att, ql, m, &mut ws.o, e, &mut ws.acts, &mut ws.tile);
-        coll.all_reduce_sum(&mut ws.o[..m * e]).map_err(ModelError::Collective)?;
-        residual(&mut ws.x, &mut ws.o, e, m, layer.post_attn_norm.as_deref(), cfg.eps);
+        linear(
+            pool,
+            &layer.wo,
+            &ws.att,
+            ql,
+            m,
+            &mut ws.o,
+            e,
+            &mut ws.acts,
+            &mut ws.tile,
+        );
+        coll.all_reduce_sum(&mut ws.o[..m * e])
+            .map_err(ModelError::Collective)?;
+        residual(
+            &mut ws.x,
+            &mut ws.o,
+            e,
+            m,
+            layer.post_attn_norm.as_deref(),
+            cfg.eps,
+        );
 
         // MLP block.
         let fl = layer.gate.n_out;
         for t in 0..m {
-            ops::rms_norm(&ws.x[t * e..(t + 1) * e], &layer.ffn_norm, cfg.eps, &mut ws.xn[t * e..(t + 1) * e]);
+            ops::rms_norm(
+                &ws.x[t * e..(t + 1) * e],
+                &layer.ffn_norm,
+                cfg.eps,
+                &mut ws.xn[t * e..(t + 1) * e],
+            );
         }
-        linear(pool, &layer.gate, &ws.xn, e, m, &mut ws.gate, fl, &mut ws.acts, &mut ws.tile);
-        linear(pool, &layer.up, &ws.xn, e, m, &mut ws.up, fl, &mut ws.acts, &mut ws.tile);
+        linear(
+            pool,
+            &layer.gate,
+            &ws.xn,
+            e,
+            m,
+            &mut ws.gate,
+            fl,
+            &mut ws.acts,
+            &mut ws.tile,
+        );
+        linear(
+            pool,
+            &layer.up,
+            &ws.xn,
+            e,
+            m,
+            &mut ws.up,
+            fl,
+            &mut ws.acts,
+            &mut ws.tile,
+        );
         ops::gated_activation(&mut ws.gate[..m * fl], &ws.up[..m * fl], cfg.gelu);
-        linear(pool, &layer.down, &ws.gate, fl, m, &mut ws.o, e, &mut ws.acts, &mut ws.tile);
-        coll.all_reduce_sum(&mut ws.o[..m * e]).map_err(ModelError::Collective)?;
-        residual(&mut ws.x, &mut ws.o, e, m, layer.post_ffw_norm.as_deref(), cfg.eps);
+        linear(
+            pool,
+            &layer.down,
+            &ws.gate,
+            fl,
+            m,
+            &mut ws.o,
+            e,
+            &mut ws.acts,
+            &mut ws.tile,
+        );
+        coll.all_reduce_sum(&mut ws.o[..m * e])
+            .map_err(ModelError::Collective)?;
+        residual(
+            &mut ws.x,
+            &mut ws.o,
+            e,
+            m,
+            layer.post_ffw_norm.as_deref(),
+            cfg.eps,
+        );
         Ok(())
     }
 
     /// Logits of hidden-state rows `rows` for this shard's vocabulary slice.
-    pub fn logits(&mut self, rows: Range<usize>, pool: &ThreadPool, out: &mut [f32]) -> Result<(), ModelError> {
+    pub fn logits(
+        &mut self,
+        rows: Range<usize>,
+        pool: &ThreadPool,
+        out: &mut [f32],
+    ) -> Result<(), ModelError> {
         let head = self
             .head
             .as_ref()
@@ -431,7 +588,11 @@ impl Model {
         let n_v = head.n_out;
         let ws = &mut self.ws;
         for t in rows.clone() {
-            ops::rms_norm_inplace(&mut ws.x[t * e..(t + 1) * e], &self.output_norm, self.cfg.eps);
+            ops::rms_norm_inplace(
+                &mut ws.x[t * e..(t + 1) * e],
+                &self.output_norm,
+                self.cfg.eps,
+            );
         }
         let base = rows.start;
         let mut done = 0;
@@ -476,7 +637,10 @@ fn validate_shard(cfg: &ModelConfig, s: &ShardSpec) -> Result<(), ModelError> {
         return bad(format!("FFN columns {:?} outside 0..{}", s.ffn, cfg.n_ff));
     }
     if s.vocab.is_empty() || s.vocab.end > cfg.n_vocab {
-        return bad(format!("vocabulary rows {:?} outside 0..{}", s.vocab, cfg.n_vocab));
+        return bad(format!(
+            "vocabulary rows {:?} outside 0..{}",
+            s.vocab, cfg.n_vocab
+        ));
     }
     Ok(())
 }
@@ -518,7 +682,14 @@ fn residual(x: &mut [f32], o: &mut [f32], e: usize, m: usize, norm: Option<&[f32
 
 /// Causal attention of one query head over cached positions `span`, with an online
 /// softmax so no score buffer is needed whatever the context length.
-fn attend(q: &[f32], kv: &crate::kv::LayerKv, off: usize, hd: usize, span: Range<usize>, out: &mut [f32]) {
+fn attend(
+    q: &[f32],
+    kv: &crate::kv::LayerKv,
+    off: usize,
+    hd: usize,
+    span: Range<usize>,
+    out: &mut [f32],
+) {
     out.iter_mut().for_each(|v| *v = 0.0);
     let mut max = f32::NEG_INFINITY;
     let mut sum = 0f32;

@@ -45,7 +45,10 @@ impl SamplingParams {
 
     pub fn validate(&self) -> Result<(), String> {
         if !self.temperature.is_finite() || self.temperature < 0.0 {
-            return Err(format!("temperature {} must be a finite number >= 0", self.temperature));
+            return Err(format!(
+                "temperature {} must be a finite number >= 0",
+                self.temperature
+            ));
         }
         if !(self.top_p > 0.0 && self.top_p <= 1.0) {
             return Err(format!("top_p {} must be in (0, 1]", self.top_p));
@@ -54,7 +57,10 @@ impl SamplingParams {
             return Err(format!("min_p {} must be in [0, 1]", self.min_p));
         }
         if !self.repeat_penalty.is_finite() || self.repeat_penalty <= 0.0 {
-            return Err(format!("repeat_penalty {} must be > 0", self.repeat_penalty));
+            return Err(format!(
+                "repeat_penalty {} must be > 0",
+                self.repeat_penalty
+            ));
         }
         Ok(())
     }
@@ -84,7 +90,11 @@ impl Sampler {
             let from = recent.len().saturating_sub(p.repeat_last_n);
             for &t in &recent[from..] {
                 if let Some(l) = logits.get_mut(t as usize) {
-                    *l = if *l > 0.0 { *l / p.repeat_penalty } else { *l * p.repeat_penalty };
+                    *l = if *l > 0.0 {
+                        *l / p.repeat_penalty
+                    } else {
+                        *l * p.repeat_penalty
+                    };
                 }
             }
         }
@@ -92,7 +102,8 @@ impl Sampler {
             return argmax(logits);
         }
         self.cand.clear();
-        self.cand.extend(logits.iter().enumerate().map(|(i, &l)| (i as u32, l)));
+        self.cand
+            .extend(logits.iter().enumerate().map(|(i, &l)| (i as u32, l)));
         let by_logit = |a: &(u32, f32), b: &(u32, f32)| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0));
         if p.top_k > 0 && p.top_k < self.cand.len() {
             self.cand.select_nth_unstable_by(p.top_k - 1, by_logit);
@@ -154,23 +165,39 @@ pub fn argmax(logits: &[f32]) -> u32 {
 /// The `k` most likely tokens with their log-probabilities (natural log), best first.
 pub fn top_logprobs(logits: &[f32], k: usize) -> Vec<(u32, f32)> {
     let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-    let lse = max + logits.iter().map(|&l| ((l - max) as f64).exp()).sum::<f64>().ln() as f32;
+    let lse = max
+        + logits
+            .iter()
+            .map(|&l| ((l - max) as f64).exp())
+            .sum::<f64>()
+            .ln() as f32;
     let mut idx: Vec<u32> = (0..logits.len() as u32).collect();
     let k = k.min(idx.len());
     if k == 0 {
         return Vec::new();
     }
-    let cmp = |a: &u32, b: &u32| logits[*b as usize].total_cmp(&logits[*a as usize]).then(a.cmp(b));
+    let cmp = |a: &u32, b: &u32| {
+        logits[*b as usize]
+            .total_cmp(&logits[*a as usize])
+            .then(a.cmp(b))
+    };
     idx.select_nth_unstable_by(k - 1, cmp);
     idx.truncate(k);
     idx.sort_unstable_by(cmp);
-    idx.into_iter().map(|i| (i, logits[i as usize] - lse)).collect()
+    idx.into_iter()
+        .map(|i| (i, logits[i as usize] - lse))
+        .collect()
 }
 
 /// Log-probability of one token.
 pub fn logprob_of(logits: &[f32], id: u32) -> f32 {
     let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-    let lse = max + logits.iter().map(|&l| ((l - max) as f64).exp()).sum::<f64>().ln() as f32;
+    let lse = max
+        + logits
+            .iter()
+            .map(|&l| ((l - max) as f64).exp())
+            .sum::<f64>()
+            .ln() as f32;
     logits[id as usize] - lse
 }
 
@@ -209,12 +236,17 @@ mod tests {
                 seed,
                 ..Default::default()
             });
-            (0..50).map(|_| s.sample(&mut logits(), &[])).collect::<Vec<_>>()
+            (0..50)
+                .map(|_| s.sample(&mut logits(), &[]))
+                .collect::<Vec<_>>()
         };
         assert_eq!(run(7), run(7));
         assert_ne!(run(7), run(8));
         let seen: std::collections::HashSet<_> = run(7).into_iter().collect();
-        assert!(seen.len() >= 3, "high temperature should visit several tokens: {seen:?}");
+        assert!(
+            seen.len() >= 3,
+            "high temperature should visit several tokens: {seen:?}"
+        );
     }
 
     #[test]
@@ -256,7 +288,9 @@ mod tests {
         let l = logits();
         let top = top_logprobs(&l, 3);
         assert_eq!(top.iter().map(|t| t.0).collect::<Vec<_>>(), vec![1, 3, 2]);
-        let total: f64 = (0..l.len() as u32).map(|i| (logprob_of(&l, i) as f64).exp()).sum();
+        let total: f64 = (0..l.len() as u32)
+            .map(|i| (logprob_of(&l, i) as f64).exp())
+            .sum();
         assert!((total - 1.0).abs() < 1e-5);
         assert!((top[0].1 - logprob_of(&l, 1)).abs() < 1e-6);
     }

@@ -53,13 +53,21 @@ impl ShardSpec {
     ) -> Result<Self, ModelError> {
         let size = weights.len();
         if rank >= size {
-            return Err(ModelError::Shard(format!("rank {rank} outside a group of {size}")));
+            return Err(ModelError::Shard(format!(
+                "rank {rank} outside a group of {size}"
+            )));
         }
         let heads = split_proportional(cfg.n_head, gran.heads, weights).map_err(|e| {
-            ModelError::Shard(format!("query heads ({} in steps of {}): {e}", cfg.n_head, gran.heads))
+            ModelError::Shard(format!(
+                "query heads ({} in steps of {}): {e}",
+                cfg.n_head, gran.heads
+            ))
         })?;
         let ffn = split_proportional(cfg.n_ff, gran.ffn, weights).map_err(|e| {
-            ModelError::Shard(format!("FFN columns ({} in steps of {}): {e}", cfg.n_ff, gran.ffn))
+            ModelError::Shard(format!(
+                "FFN columns ({} in steps of {}): {e}",
+                cfg.n_ff, gran.ffn
+            ))
         })?;
         let vocab = split_proportional(cfg.n_vocab, 1, weights)
             .map_err(|e| ModelError::Shard(format!("vocabulary rows: {e}")))?;
@@ -97,7 +105,11 @@ impl ShardSpec {
 
 /// Splits `0..n` into `weights.len()` contiguous ranges whose sizes are multiples of
 /// `step` and roughly proportional to the weights; every range gets at least one step.
-pub fn split_proportional(n: usize, step: usize, weights: &[f64]) -> Result<Vec<Range<usize>>, String> {
+pub fn split_proportional(
+    n: usize,
+    step: usize,
+    weights: &[f64],
+) -> Result<Vec<Range<usize>>, String> {
     let parts = weights.len();
     if parts == 0 {
         return Err("no ranks".into());
@@ -107,7 +119,9 @@ pub fn split_proportional(n: usize, step: usize, weights: &[f64]) -> Result<Vec<
     }
     let units = n / step;
     if units < parts {
-        return Err(format!("{units} units cannot be split across {parts} ranks"));
+        return Err(format!(
+            "{units} units cannot be split across {parts} ranks"
+        ));
     }
     if weights.iter().any(|w| !w.is_finite() || *w <= 0.0) {
         return Err("weights must be positive".into());
@@ -156,14 +170,23 @@ mod tests {
 
     #[test]
     fn even_and_uneven_splits() {
-        assert_eq!(split_proportional(4, 1, &[1.0, 1.0]).unwrap(), vec![0..2, 2..4]);
-        assert_eq!(split_proportional(4, 1, &[3.0, 1.0]).unwrap(), vec![0..3, 3..4]);
+        assert_eq!(
+            split_proportional(4, 1, &[1.0, 1.0]).unwrap(),
+            vec![0..2, 2..4]
+        );
+        assert_eq!(
+            split_proportional(4, 1, &[3.0, 1.0]).unwrap(),
+            vec![0..3, 3..4]
+        );
         assert_eq!(
             split_proportional(2048, 256, &[1.0; 4]).unwrap(),
             vec![0..512, 512..1024, 1024..1536, 1536..2048]
         );
         let r = split_proportional(100, 1, &[1.0, 2.0, 7.0]).unwrap();
-        assert_eq!(r.iter().map(|r| r.len()).collect::<Vec<_>>(), vec![10, 20, 70]);
+        assert_eq!(
+            r.iter().map(|r| r.len()).collect::<Vec<_>>(),
+            vec![10, 20, 70]
+        );
         assert!(split_proportional(4, 1, &[1.0; 5]).is_err());
         assert!(split_proportional(10, 4, &[1.0]).is_err());
         let r = split_proportional(8, 1, &[100.0, 1.0]).unwrap();

@@ -63,13 +63,19 @@ pub fn synthetic_model(spec: &SyntheticSpec) -> GgufWriter {
     let mut w = GgufWriter::new();
     let (e, hd, ff) = (spec.n_embd, spec.head_dim, spec.n_ff);
     w.set_str("general.architecture", a)
-        .set_str("general.name", &format!("synthetic-{a}-{}", spec.weight_type))
+        .set_str(
+            "general.name",
+            &format!("synthetic-{a}-{}", spec.weight_type),
+        )
         .set_u32(&format!("{a}.context_length"), 2048)
         .set_u32(&format!("{a}.embedding_length"), e as u32)
         .set_u32(&format!("{a}.block_count"), spec.n_layer as u32)
         .set_u32(&format!("{a}.feed_forward_length"), ff as u32)
         .set_u32(&format!("{a}.attention.head_count"), spec.n_head as u32)
-        .set_u32(&format!("{a}.attention.head_count_kv"), spec.n_head_kv as u32)
+        .set_u32(
+            &format!("{a}.attention.head_count_kv"),
+            spec.n_head_kv as u32,
+        )
         .set_u32(&format!("{a}.attention.key_length"), hd as u32)
         .set_u32(&format!("{a}.attention.value_length"), hd as u32)
         .set_f32(&format!("{a}.attention.layer_norm_rms_epsilon"), 1e-6)
@@ -82,12 +88,24 @@ pub fn synthetic_model(spec: &SyntheticSpec) -> GgufWriter {
     add_vocab(&mut w, spec);
     let weight = |w: &mut GgufWriter, name: &str, n_in: usize, n_out: usize, rng: &mut Rng| {
         let scale = 1.0 / (n_in as f32).sqrt();
-        let vals: Vec<f32> = (0..n_in * n_out).map(|_| rng.next() * scale * 1.5).collect();
-        w.add_tensor(name, &[n_in as u64, n_out as u64], spec.weight_type, quant::quantize_row(spec.weight_type, &vals));
+        let vals: Vec<f32> = (0..n_in * n_out)
+            .map(|_| rng.next() * scale * 1.5)
+            .collect();
+        w.add_tensor(
+            name,
+            &[n_in as u64, n_out as u64],
+            spec.weight_type,
+            quant::quantize_row(spec.weight_type, &vals),
+        );
     };
     let vector = |w: &mut GgufWriter, name: &str, n: usize, rng: &mut Rng, around: f32| {
         let vals: Vec<f32> = (0..n).map(|_| around + 0.2 * rng.next()).collect();
-        w.add_tensor(name, &[n as u64], GgmlType::F32, quant::quantize_row(GgmlType::F32, &vals));
+        w.add_tensor(
+            name,
+            &[n as u64],
+            GgmlType::F32,
+            quant::quantize_row(GgmlType::F32, &vals),
+        );
     };
     let nv = spec.n_vocab();
     weight(&mut w, "token_embd.weight", e, nv, &mut rng);
@@ -99,18 +117,48 @@ pub fn synthetic_model(spec: &SyntheticSpec) -> GgufWriter {
         let n = |s: &str| format!("blk.{il}.{s}");
         vector(&mut w, &n("attn_norm.weight"), e, &mut rng, 1.0);
         weight(&mut w, &n("attn_q.weight"), e, spec.n_head * hd, &mut rng);
-        weight(&mut w, &n("attn_k.weight"), e, spec.n_head_kv * hd, &mut rng);
-        weight(&mut w, &n("attn_v.weight"), e, spec.n_head_kv * hd, &mut rng);
+        weight(
+            &mut w,
+            &n("attn_k.weight"),
+            e,
+            spec.n_head_kv * hd,
+            &mut rng,
+        );
+        weight(
+            &mut w,
+            &n("attn_v.weight"),
+            e,
+            spec.n_head_kv * hd,
+            &mut rng,
+        );
         if spec.arch == Arch::Qwen2 {
             vector(&mut w, &n("attn_q.bias"), spec.n_head * hd, &mut rng, 0.0);
-            vector(&mut w, &n("attn_k.bias"), spec.n_head_kv * hd, &mut rng, 0.0);
-            vector(&mut w, &n("attn_v.bias"), spec.n_head_kv * hd, &mut rng, 0.0);
+            vector(
+                &mut w,
+                &n("attn_k.bias"),
+                spec.n_head_kv * hd,
+                &mut rng,
+                0.0,
+            );
+            vector(
+                &mut w,
+                &n("attn_v.bias"),
+                spec.n_head_kv * hd,
+                &mut rng,
+                0.0,
+            );
         }
         if matches!(spec.arch, Arch::Gemma3 | Arch::Qwen3) {
             vector(&mut w, &n("attn_q_norm.weight"), hd, &mut rng, 1.0);
             vector(&mut w, &n("attn_k_norm.weight"), hd, &mut rng, 1.0);
         }
-        weight(&mut w, &n("attn_output.weight"), spec.n_head * hd, e, &mut rng);
+        weight(
+            &mut w,
+            &n("attn_output.weight"),
+            spec.n_head * hd,
+            e,
+            &mut rng,
+        );
         vector(&mut w, &n("ffn_norm.weight"), e, &mut rng, 1.0);
         weight(&mut w, &n("ffn_gate.weight"), e, ff, &mut rng);
         weight(&mut w, &n("ffn_up.weight"), e, ff, &mut rng);
@@ -125,22 +173,86 @@ pub fn synthetic_model(spec: &SyntheticSpec) -> GgufWriter {
 
 /// Specials, byte tokens, then pieces of a tiny English vocabulary.
 fn add_vocab(w: &mut GgufWriter, spec: &SyntheticSpec) {
-    let mut tokens = vec!["<pad>".to_string(), "<eos>".into(), "<bos>".into(), "<unk>".into()];
+    let mut tokens = vec![
+        "<pad>".to_string(),
+        "<eos>".into(),
+        "<bos>".into(),
+        "<unk>".into(),
+    ];
     let mut types = vec![3i32, 3, 3, 2];
     for b in 0..=255u8 {
         tokens.push(format!("<0x{b:02X}>"));
         types.push(6);
     }
     let words = [
-        "▁the", "▁a", "▁of", "▁and", "▁to", "▁in", "▁is", "▁it", "▁that", "▁cat", "▁dog", "▁sat", "▁on", "▁mat",
-        "▁capital", "▁France", "▁Paris", "▁city", "▁hello", "▁world", "▁The", "▁weft", "▁model", "ing", "ed", "er",
-        "▁", "e", "t", "a", "o", "i", "n", "s", "h", "r", "d", "l", "c", "u", "m", "w", "f", "g", "y", "p", "b", "v",
-        "k", ".", ",", "!", "?", "\n", "T", "F", "P", "H", "W",
+        "▁the",
+        "▁a",
+        "▁of",
+        "▁and",
+        "▁to",
+        "▁in",
+        "▁is",
+        "▁it",
+        "▁that",
+        "▁cat",
+        "▁dog",
+        "▁sat",
+        "▁on",
+        "▁mat",
+        "▁capital",
+        "▁France",
+        "▁Paris",
+        "▁city",
+        "▁hello",
+        "▁world",
+        "▁The",
+        "▁weft",
+        "▁model",
+        "ing",
+        "ed",
+        "er",
+        "▁",
+        "e",
+        "t",
+        "a",
+        "o",
+        "i",
+        "n",
+        "s",
+        "h",
+        "r",
+        "d",
+        "l",
+        "c",
+        "u",
+        "m",
+        "w",
+        "f",
+        "g",
+        "y",
+        "p",
+        "b",
+        "v",
+        "k",
+        ".",
+        ",",
+        "!",
+        "?",
+        "\n",
+        "T",
+        "F",
+        "P",
+        "H",
+        "W",
     ];
     let mut scores = vec![0f32; tokens.len()];
     let mut i = 0usize;
     while tokens.len() < spec.n_vocab() {
-        let t = if i < words.len() { words[i].to_string() } else { format!("▁w{i}") };
+        let t = if i < words.len() {
+            words[i].to_string()
+        } else {
+            format!("▁w{i}")
+        };
         tokens.push(t);
         types.push(1);
         scores.push(-(i as f32));

@@ -10,7 +10,9 @@ const EOT_TEXTS: [&str; 4] = ["<end_of_turn>", "<|eot_id|>", "<|im_end|>", "<|en
 
 pub fn tokenizer_from_gguf(f: &GgufFile) -> Result<Tokenizer, ModelError> {
     let path = f.path().display().to_string();
-    let wrong = |key: &str, want: &str| ModelError::Tokenizer(format!("{path}: metadata '{key}' is not {want}"));
+    let wrong = |key: &str, want: &str| {
+        ModelError::Tokenizer(format!("{path}: metadata '{key}' is not {want}"))
+    };
     let strings = |key: &str| -> Result<Option<Vec<String>>, ModelError> {
         match f.get(key) {
             None => Ok(None),
@@ -36,7 +38,9 @@ pub fn tokenizer_from_gguf(f: &GgufFile) -> Result<Tokenizer, ModelError> {
         }
     };
     let tokens = strings("tokenizer.ggml.tokens")?.ok_or_else(|| {
-        ModelError::Tokenizer(format!("{path}: metadata 'tokenizer.ggml.tokens' is missing"))
+        ModelError::Tokenizer(format!(
+            "{path}: metadata 'tokenizer.ggml.tokens' is missing"
+        ))
     })?;
     let scores = match f.get("tokenizer.ggml.scores") {
         None => None,
@@ -66,7 +70,10 @@ pub fn tokenizer_from_gguf(f: &GgufFile) -> Result<Tokenizer, ModelError> {
     }
     let spec = TokenizerSpec {
         model: f.get_str("tokenizer.ggml.model")?.to_string(),
-        pre: f.get("tokenizer.ggml.pre").and_then(|v| v.as_str()).map(str::to_string),
+        pre: f
+            .get("tokenizer.ggml.pre")
+            .and_then(|v| v.as_str())
+            .map(str::to_string),
         tokens,
         scores,
         token_types,

@@ -20,7 +20,10 @@ fn tensor_err(file: &GgufFile, tensor: &str, detail: String) -> ModelError {
 
 enum Bytes {
     /// A byte range of the mapped file: only pages this shard touches become resident.
-    Mapped { file: Arc<GgufFile>, range: Range<usize> },
+    Mapped {
+        file: Arc<GgufFile>,
+        range: Range<usize>,
+    },
     Owned(Vec<u8>),
 }
 
@@ -52,7 +55,11 @@ impl Linear {
             ));
         }
         if !GgmlType::WEIGHT_TYPES.contains(&t.ty) {
-            return Err(tensor_err(file, name, format!("type {} cannot be a weight", t.ty)));
+            return Err(tensor_err(
+                file,
+                name,
+                format!("type {} cannot be a weight", t.ty),
+            ));
         }
         Ok(())
     }
@@ -248,7 +255,12 @@ pub struct Embedding {
 }
 
 impl Embedding {
-    pub fn load(file: &Arc<GgufFile>, name: &str, n_embd: usize, n_vocab: usize) -> Result<Self, ModelError> {
+    pub fn load(
+        file: &Arc<GgufFile>,
+        name: &str,
+        n_embd: usize,
+        n_vocab: usize,
+    ) -> Result<Self, ModelError> {
         let t = file.tensor(name)?;
         let range = file.row_range(t, 0..n_vocab)?;
         Ok(Embedding {

@@ -30,7 +30,10 @@ impl Ref<'_> {
     fn mv(&self, name: &str, x: &[f64]) -> Vec<f64> {
         let w = self.t(name);
         let n_in = x.len();
-        let mut y: Vec<f64> = w.chunks(n_in).map(|row| row.iter().zip(x).map(|(a, b)| a * b).sum()).collect();
+        let mut y: Vec<f64> = w
+            .chunks(n_in)
+            .map(|row| row.iter().zip(x).map(|(a, b)| a * b).sum())
+            .collect();
         let b = name.replace(".weight", ".bias");
         if self.has(&b) {
             for (yi, bi) in y.iter_mut().zip(self.t(&b)) {
@@ -66,12 +69,21 @@ impl Ref<'_> {
         let emb = self.t("token_embd.weight");
         let mut xs: Vec<Vec<f64>> = ids
             .iter()
-            .map(|&id| emb[id as usize * e..(id as usize + 1) * e].iter().map(|v| v * if gemma { (e as f64).sqrt() } else { 1.0 }).collect())
+            .map(|&id| {
+                emb[id as usize * e..(id as usize + 1) * e]
+                    .iter()
+                    .map(|v| v * if gemma { (e as f64).sqrt() } else { 1.0 })
+                    .collect()
+            })
             .collect();
         for il in 0..c.n_layer {
             let n = |s: &str| format!("blk.{il}.{s}");
             let window = c.window[il];
-            let base = if window.is_some() { c.rope_base_swa } else { c.rope_base } as f64;
+            let base = if window.is_some() {
+                c.rope_base_swa
+            } else {
+                c.rope_base
+            } as f64;
             let mut qs = Vec::new();
             let mut ks = Vec::new();
             let mut vs = Vec::new();
@@ -105,10 +117,18 @@ impl Ref<'_> {
                 for hh in 0..nh {
                     let kh = hh / (nh / nkv);
                     let q = &qs[pos][hh * hd..(hh + 1) * hd];
-                    let allowed: Vec<usize> = (0..=pos).filter(|&j| window.is_none_or(|w| pos - j < w)).collect();
+                    let allowed: Vec<usize> = (0..=pos)
+                        .filter(|&j| window.is_none_or(|w| pos - j < w))
+                        .collect();
                     let scores: Vec<f64> = allowed
                         .iter()
-                        .map(|&j| q.iter().zip(&ks[j][kh * hd..(kh + 1) * hd]).map(|(a, b)| a * b).sum::<f64>() * c.attn_scale as f64)
+                        .map(|&j| {
+                            q.iter()
+                                .zip(&ks[j][kh * hd..(kh + 1) * hd])
+                                .map(|(a, b)| a * b)
+                                .sum::<f64>()
+                                * c.attn_scale as f64
+                        })
                         .collect();
                     let mx = scores.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
                     let z: f64 = scores.iter().map(|s| (s - mx).exp()).sum();
@@ -132,7 +152,11 @@ impl Ref<'_> {
                     .zip(&u)
                     .map(|(&g, &u)| {
                         let a = if gemma {
-                            0.5 * g * (1.0 + ((2.0 / std::f64::consts::PI).sqrt() * (g + 0.044715 * g * g * g)).tanh())
+                            0.5 * g
+                                * (1.0
+                                    + ((2.0 / std::f64::consts::PI).sqrt()
+                                        * (g + 0.044715 * g * g * g))
+                                        .tanh())
                         } else {
                             g / (1.0 + (-g).exp())
                         };
@@ -147,7 +171,11 @@ impl Ref<'_> {
             }
         }
         let last = self.norm(xs.last().unwrap(), &self.t("output_norm.weight"));
-        let head = if self.has("output.weight") { "output.weight" } else { "token_embd.weight" };
+        let head = if self.has("output.weight") {
+            "output.weight"
+        } else {
+            "token_embd.weight"
+        };
         self.mv(head, &last)
     }
 }
@@ -157,18 +185,45 @@ fn every_architecture_matches_the_naive_reference() {
     let dir = tempfile::tempdir().unwrap();
     // 13 tokens: past the synthetic Gemma's 8-token window.
     let prompt: Vec<u32> = (0..13).map(|i| 4 + (i * 71) % 500).collect();
-    for arch in [Arch::Gemma3, Arch::Llama, Arch::Mistral, Arch::Qwen2, Arch::Qwen3] {
+    for arch in [
+        Arch::Gemma3,
+        Arch::Llama,
+        Arch::Mistral,
+        Arch::Qwen2,
+        Arch::Qwen3,
+    ] {
         let p = dir.path().join(format!("{}.gguf", arch.name()));
-        synthetic_model(&SyntheticSpec::small(arch, GgmlType::F32)).write_file(&p).unwrap();
+        synthetic_model(&SyntheticSpec::small(arch, GgmlType::F32))
+            .write_file(&p)
+            .unwrap();
         let f = Arc::new(GgufFile::open(&p).unwrap());
         let cfg = ModelConfig::from_gguf(&f).unwrap();
-        let want = Ref { f: &f, cfg: cfg.clone() }.forward(&prompt);
+        let want = Ref {
+            f: &f,
+            cfg: cfg.clone(),
+        }
+        .forward(&prompt);
         let mut m = Model::load(f.clone(), ShardSpec::full(&cfg), 4).unwrap();
         let mut kv = m.new_cache(64);
         let mut out = Vec::new();
-        m.forward(&prompt, &mut kv, &mut Identity, &ThreadPool::new(2), Logits::Last, &mut out).unwrap();
+        m.forward(
+            &prompt,
+            &mut kv,
+            &mut Identity,
+            &ThreadPool::new(2),
+            Logits::Last,
+            &mut out,
+        )
+        .unwrap();
         let scale = want.iter().fold(0f64, |a, v| a.max(v.abs()));
-        let diff = want.iter().zip(&out).fold(0f64, |a, (w, g)| a.max((w - *g as f64).abs()));
-        assert!(diff <= 1e-4 * scale, "{}: max |diff| {diff} vs max |logit| {scale}", arch.name());
+        let diff = want
+            .iter()
+            .zip(&out)
+            .fold(0f64, |a, (w, g)| a.max((w - *g as f64).abs()));
+        assert!(
+            diff <= 1e-4 * scale,
+            "{}: max |diff| {diff} vs max |logit| {scale}",
+            arch.name()
+        );
     }
 }

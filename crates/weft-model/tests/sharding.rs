@@ -8,7 +8,9 @@ use std::sync::Arc;
 use weft_gguf::{GgmlType, GgufFile};
 use weft_kernels::ThreadPool;
 use weft_model::synthetic::{synthetic_model, SyntheticSpec};
-use weft_model::{granularity, Arch, Collective, Identity, InProcess, Logits, Model, ModelConfig, ShardSpec};
+use weft_model::{
+    granularity, Arch, Collective, Identity, InProcess, Logits, Model, ModelConfig, ShardSpec,
+};
 
 const UBATCH: usize = 16;
 
@@ -20,17 +22,31 @@ fn unsharded(file: &Arc<GgufFile>, prompt: &[u32], extra: &[u32]) -> Vec<Vec<f32
     let mut kv = m.new_cache(256);
     let mut out = Vec::new();
     let mut steps = Vec::new();
-    m.forward(prompt, &mut kv, &mut Identity, &pool, Logits::Last, &mut out).unwrap();
+    m.forward(
+        prompt,
+        &mut kv,
+        &mut Identity,
+        &pool,
+        Logits::Last,
+        &mut out,
+    )
+    .unwrap();
     steps.push(out.clone());
     for &t in extra {
-        m.forward(&[t], &mut kv, &mut Identity, &pool, Logits::Last, &mut out).unwrap();
+        m.forward(&[t], &mut kv, &mut Identity, &pool, Logits::Last, &mut out)
+            .unwrap();
         steps.push(out.clone());
     }
     steps
 }
 
 /// The same steps with the model split across `weights.len()` tensor-parallel ranks.
-fn tensor_parallel(file: &Arc<GgufFile>, weights: &[f64], prompt: &[u32], extra: &[u32]) -> Vec<Vec<f32>> {
+fn tensor_parallel(
+    file: &Arc<GgufFile>,
+    weights: &[f64],
+    prompt: &[u32],
+    extra: &[u32],
+) -> Vec<Vec<f32>> {
     let cfg = ModelConfig::from_gguf(file).unwrap();
     let gran = granularity(file, &cfg).unwrap();
     let shards: Vec<ShardSpec> = (0..weights.len())
@@ -41,7 +57,12 @@ fn tensor_parallel(file: &Arc<GgufFile>, weights: &[f64], prompt: &[u32], extra:
         .into_iter()
         .zip(shards)
         .map(|(mut coll, shard)| {
-            let (file, prompt, extra, counts) = (file.clone(), prompt.to_vec(), extra.to_vec(), counts.clone());
+            let (file, prompt, extra, counts) = (
+                file.clone(),
+                prompt.to_vec(),
+                extra.to_vec(),
+                counts.clone(),
+            );
             std::thread::spawn(move || {
                 let mut m = Model::load(file, shard, UBATCH).unwrap();
                 let pool = ThreadPool::new(1);
@@ -49,11 +70,13 @@ fn tensor_parallel(file: &Arc<GgufFile>, weights: &[f64], prompt: &[u32], extra:
                 let mut out = Vec::new();
                 let mut full = vec![0f32; counts.iter().sum()];
                 let mut steps = Vec::new();
-                m.forward(&prompt, &mut kv, &mut coll, &pool, Logits::Last, &mut out).unwrap();
+                m.forward(&prompt, &mut kv, &mut coll, &pool, Logits::Last, &mut out)
+                    .unwrap();
                 coll.all_gather(&out, &counts, &mut full).unwrap();
                 steps.push(full.clone());
                 for &t in &extra {
-                    m.forward(&[t], &mut kv, &mut coll, &pool, Logits::Last, &mut out).unwrap();
+                    m.forward(&[t], &mut kv, &mut coll, &pool, Logits::Last, &mut out)
+                        .unwrap();
                     coll.all_gather(&out, &counts, &mut full).unwrap();
                     steps.push(full.clone());
                 }
@@ -77,7 +100,14 @@ fn pipeline(file: &Arc<GgufFile>, cuts: &[usize], prompt: &[u32], extra: &[u32])
     bounds.push(cfg.n_layer);
     let mut stages: Vec<Model> = bounds
         .windows(2)
-        .map(|w| Model::load(file.clone(), ShardSpec::full(&cfg).with_layers(w[0]..w[1]), UBATCH).unwrap())
+        .map(|w| {
+            Model::load(
+                file.clone(),
+                ShardSpec::full(&cfg).with_layers(w[0]..w[1]),
+                UBATCH,
+            )
+            .unwrap()
+        })
         .collect();
     let mut kvs: Vec<_> = stages.iter().map(|s| s.new_cache(256)).collect();
     let pool = ThreadPool::new(1);
@@ -92,7 +122,8 @@ fn pipeline(file: &Arc<GgufFile>, cuts: &[usize], prompt: &[u32], extra: &[u32])
                 if i > 0 {
                     s.hidden_mut(m).copy_from_slice(&hidden);
                 }
-                s.forward_hidden(m, &mut kvs[i], &mut Identity, &pool).unwrap();
+                s.forward_hidden(m, &mut kvs[i], &mut Identity, &pool)
+                    .unwrap();
                 hidden.copy_from_slice(s.hidden_mut(m));
             }
             let last = stages.last_mut().unwrap();
@@ -129,7 +160,13 @@ fn write_synthetic(dir: &Path, arch: Arch, ty: GgmlType) -> Arc<GgufFile> {
     Arc::new(GgufFile::open(&p).unwrap())
 }
 
-const ARCHS: [Arch; 5] = [Arch::Gemma3, Arch::Llama, Arch::Mistral, Arch::Qwen2, Arch::Qwen3];
+const ARCHS: [Arch; 5] = [
+    Arch::Gemma3,
+    Arch::Llama,
+    Arch::Mistral,
+    Arch::Qwen2,
+    Arch::Qwen3,
+];
 
 #[test]
 fn synthetic_models_shard_exactly() {
@@ -155,8 +192,16 @@ fn synthetic_models_shard_exactly() {
                 let got = tensor_parallel(&f, &w, &prompt, &extra);
                 assert_close(&format!("{what} TP {w:?}"), &base, &got);
             }
-            assert_close(&format!("{what} PP 1|2"), &base, &pipeline(&f, &[1], &prompt, &extra));
-            assert_close(&format!("{what} PP 1|1|1"), &base, &pipeline(&f, &[1, 2], &prompt, &extra));
+            assert_close(
+                &format!("{what} PP 1|2"),
+                &base,
+                &pipeline(&f, &[1], &prompt, &extra),
+            );
+            assert_close(
+                &format!("{what} PP 1|1|1"),
+                &base,
+                &pipeline(&f, &[1, 2], &prompt, &extra),
+            );
         }
     }
 }
@@ -171,7 +216,11 @@ fn prefill_equals_token_by_token_decode() {
         let f = write_synthetic(dir.path(), arch, GgmlType::F32);
         let batch = unsharded(&f, &prompt, &[]);
         let one = unsharded(&f, &prompt[..1], &prompt[1..]);
-        assert_close(&format!("{} prefill vs decode", arch.name()), &batch, &one[one.len() - 1..]);
+        assert_close(
+            &format!("{} prefill vs decode", arch.name()),
+            &batch,
+            &one[one.len() - 1..],
+        );
     }
 }
 
@@ -190,7 +239,9 @@ fn impossible_splits_are_refused() {
 fn real_model() -> Option<PathBuf> {
     let home = std::env::var_os("WEFT_HOME")
         .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(std::env::var_os("HOME").unwrap_or_default()).join(".cache/weft"));
+        .unwrap_or_else(|| {
+            PathBuf::from(std::env::var_os("HOME").unwrap_or_default()).join(".cache/weft")
+        });
     let p = home.join("models/gemma-3-270m-q4_k_m.gguf");
     if p.exists() {
         Some(p)

@@ -97,7 +97,10 @@ pub fn run(a: RunArgs) -> Result<()> {
             v["top_logprobs"] = json!(g
                 .logprobs
                 .iter()
-                .map(|(_, top)| top.iter().map(|(id, lp)| json!([id, lp])).collect::<Vec<_>>())
+                .map(|(_, top)| top
+                    .iter()
+                    .map(|(id, lp)| json!([id, lp]))
+                    .collect::<Vec<_>>())
                 .collect::<Vec<_>>());
             v["logprobs"] = json!(g.logprobs.iter().map(|(lp, _)| *lp).collect::<Vec<_>>());
         }

@@ -10,10 +10,19 @@ use crate::paths::resolve_model;
 pub fn run(model: Option<PathBuf>, tensors: bool) -> Result<()> {
     let path = resolve_model(model)?;
     let f = GgufFile::open(&path)?;
-    println!("{}: GGUF v{}, {} tensors, {} metadata keys", path.display(), f.version, f.tensors().len(), f.metadata().len());
+    println!(
+        "{}: GGUF v{}, {} tensors, {} metadata keys",
+        path.display(),
+        f.version,
+        f.tensors().len(),
+        f.metadata().len()
+    );
     for (k, v) in f.metadata() {
         let shown = match v {
-            Value::String(s) if s.len() > 120 => format!("{:?}…", &s[..s.char_indices().nth(120).map(|c| c.0).unwrap_or(s.len())]),
+            Value::String(s) if s.len() > 120 => format!(
+                "{:?}…",
+                &s[..s.char_indices().nth(120).map(|c| c.0).unwrap_or(s.len())]
+            ),
             v => v.to_string(),
         };
         println!("  {k} = {shown}");

@@ -13,7 +13,11 @@ use std::path::PathBuf;
 use clap::{Parser, Subcommand};
 
 #[derive(Parser)]
-#[command(name = "weft", version, about = "Run one large language model across a cluster of ordinary machines")]
+#[command(
+    name = "weft",
+    version,
+    about = "Run one large language model across a cluster of ordinary machines"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Cmd,

@@ -26,7 +26,8 @@ pub struct PerplexityArgs {
 }
 
 pub fn run(a: PerplexityArgs) -> Result<()> {
-    let text = std::fs::read_to_string(&a.file).with_context(|| format!("reading {}", a.file.display()))?;
+    let text = std::fs::read_to_string(&a.file)
+        .with_context(|| format!("reading {}", a.file.display()))?;
     let path = resolve_model(a.model.clone())?;
     let threads = a.threads.unwrap_or_else(default_threads).max(1);
     let (mut engine, _) = load_engine(&path, threads, a.ctx)?;
@@ -47,7 +48,10 @@ pub fn run(a: PerplexityArgs) -> Result<()> {
             json!({"ppl": ppl, "chunks": chunks, "ctx": a.ctx, "tokens": tokens.len(), "scored": scored, "seconds": secs})
         );
     } else {
-        println!("perplexity {ppl:.4} over {chunks} chunks of {} tokens ({scored} scored, {secs:.1}s)", a.ctx);
+        println!(
+            "perplexity {ppl:.4} over {chunks} chunks of {} tokens ({scored} scored, {secs:.1}s)",
+            a.ctx
+        );
     }
     Ok(())
 }

@@ -9,7 +9,9 @@ use weft_model::Engine;
 
 /// Default number of threads: the machine's cores.
 pub fn default_threads() -> usize {
-    std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1)
+    std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(1)
 }
 
 /// Loads `path` for `n_ctx` tokens; returns the engine and the seconds it took.
@@ -20,7 +22,11 @@ pub fn load_engine(path: &Path, threads: usize, n_ctx: usize) -> Result<(Engine,
         ProgressStyle::with_template("loading {msg} [{bar:30}] {pos}/{len} layers")
             .unwrap_or_else(|_| ProgressStyle::default_bar()),
     );
-    bar.set_message(path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default());
+    bar.set_message(
+        path.file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default(),
+    );
     let engine = Engine::load(path, threads, n_ctx, &mut |done, total| {
         bar.set_length(total as u64);
         bar.set_position(done as u64);

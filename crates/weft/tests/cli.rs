@@ -24,11 +24,16 @@ fn ok_json(out: &Output) -> Value {
         out.status,
         String::from_utf8_lossy(&out.stderr)
     );
-    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("bad JSON ({e}): {}", String::from_utf8_lossy(&out.stdout)))
+    serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("bad JSON ({e}): {}", String::from_utf8_lossy(&out.stdout)))
 }
 
 fn failure(out: &Output) -> String {
-    assert!(!out.status.success(), "weft should have failed: {}", String::from_utf8_lossy(&out.stdout));
+    assert!(
+        !out.status.success(),
+        "weft should have failed: {}",
+        String::from_utf8_lossy(&out.stdout)
+    );
     let err = String::from_utf8_lossy(&out.stderr).to_string();
     assert!(!err.contains("panicked"), "weft panicked: {err}");
     err
@@ -36,20 +41,42 @@ fn failure(out: &Output) -> String {
 
 fn synthetic(dir: &Path, arch: Arch, ty: GgmlType) -> PathBuf {
     let p = dir.join(format!("{}-{ty}.gguf", arch.name()));
-    synthetic_model(&SyntheticSpec::small(arch, ty)).write_file(&p).unwrap();
+    synthetic_model(&SyntheticSpec::small(arch, ty))
+        .write_file(&p)
+        .unwrap();
     p
 }
 
 #[test]
 fn run_json_on_synthetic_models() {
     let dir = tempfile::tempdir().unwrap();
-    for (arch, ty) in [(Arch::Gemma3, GgmlType::Q8_0), (Arch::Llama, GgmlType::Q4_K), (Arch::Qwen3, GgmlType::F16)] {
+    for (arch, ty) in [
+        (Arch::Gemma3, GgmlType::Q8_0),
+        (Arch::Llama, GgmlType::Q4_K),
+        (Arch::Qwen3, GgmlType::F16),
+    ] {
         let m = synthetic(dir.path(), arch, ty);
         let m = m.to_str().unwrap();
-        let args = ["run", "--model", m, "--prompt", "the cat sat on the mat", "--max-tokens", "12", "--temperature", "0", "--json", "--logprobs", "3"];
+        let args = [
+            "run",
+            "--model",
+            m,
+            "--prompt",
+            "the cat sat on the mat",
+            "--max-tokens",
+            "12",
+            "--temperature",
+            "0",
+            "--json",
+            "--logprobs",
+            "3",
+        ];
         let a = ok_json(&weft(&args, dir.path()));
         let b = ok_json(&weft(&args, dir.path()));
-        assert_eq!(a["token_ids"], b["token_ids"], "greedy must be deterministic");
+        assert_eq!(
+            a["token_ids"], b["token_ids"],
+            "greedy must be deterministic"
+        );
         let ids = a["token_ids"].as_array().unwrap();
         assert!(!ids.is_empty() && ids.len() <= 12);
         assert_eq!(a["prompt_ids"][0], 2, "BOS first");
@@ -73,7 +100,26 @@ fn seeded_sampling_is_reproducible() {
     let m = m.to_str().unwrap();
     let run = |seed: &str| {
         ok_json(&weft(
-            &["run", "--model", m, "--prompt", "hello world", "-n", "16", "--temperature", "1.5", "--top-k", "0", "--top-p", "1", "--min-p", "0", "--seed", seed, "--json"],
+            &[
+                "run",
+                "--model",
+                m,
+                "--prompt",
+                "hello world",
+                "-n",
+                "16",
+                "--temperature",
+                "1.5",
+                "--top-k",
+                "0",
+                "--top-p",
+                "1",
+                "--min-p",
+                "0",
+                "--seed",
+                seed,
+                "--json",
+            ],
             dir.path(),
         ))["token_ids"]
             .clone()
@@ -87,13 +133,43 @@ fn streaming_text_matches_json_text() {
     let dir = tempfile::tempdir().unwrap();
     let m = synthetic(dir.path(), Arch::Gemma3, GgmlType::Q5_0);
     let m = m.to_str().unwrap();
-    let j = ok_json(&weft(&["run", "--model", m, "--prompt", "the dog", "-n", "10", "--temperature", "0", "--json"], dir.path()));
-    let out = weft(&["run", "--model", m, "--prompt", "the dog", "-n", "10", "--temperature", "0"], dir.path());
+    let j = ok_json(&weft(
+        &[
+            "run",
+            "--model",
+            m,
+            "--prompt",
+            "the dog",
+            "-n",
+            "10",
+            "--temperature",
+            "0",
+            "--json",
+        ],
+        dir.path(),
+    ));
+    let out = weft(
+        &[
+            "run",
+            "--model",
+            m,
+            "--prompt",
+            "the dog",
+            "-n",
+            "10",
+            "--temperature",
+            "0",
+        ],
+        dir.path(),
+    );
     assert!(out.status.success());
     let text = String::from_utf8(out.stdout).unwrap();
     assert_eq!(text.trim_end_matches('\n'), j["text"].as_str().unwrap());
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.contains("prefill") && err.contains("decode") && err.contains("tok/s"), "{err}");
+    assert!(
+        err.contains("prefill") && err.contains("decode") && err.contains("tok/s"),
+        "{err}"
+    );
 }
 
 #[test]
@@ -103,7 +179,10 @@ fn broken_files_give_clear_errors() {
     let case = |name: &str, bytes: &[u8], expect: &str| {
         let p = dir.path().join(name);
         std::fs::write(&p, bytes).unwrap();
-        let err = failure(&weft(&["run", "--model", p.to_str().unwrap(), "--prompt", "x"], dir.path()));
+        let err = failure(&weft(
+            &["run", "--model", p.to_str().unwrap(), "--prompt", "x"],
+            dir.path(),
+        ));
         assert!(err.contains(name), "error should name the file: {err}");
         assert!(err.contains(expect), "expected '{expect}' in: {err}");
     };
@@ -121,7 +200,10 @@ fn broken_files_give_clear_errors() {
     let mut arch = good.clone();
     arch[at..at + 5].copy_from_slice(b"llamb");
     case("arch.gguf", &arch, "architecture 'llamb' is not supported");
-    let err = failure(&weft(&["run", "--model", "/nonexistent/x.gguf", "--prompt", "x"], dir.path()));
+    let err = failure(&weft(
+        &["run", "--model", "/nonexistent/x.gguf", "--prompt", "x"],
+        dir.path(),
+    ));
     assert!(err.contains("/nonexistent/x.gguf"), "{err}");
 }
 
@@ -137,13 +219,44 @@ fn bench_and_perplexity_report_their_keys() {
     let dir = tempfile::tempdir().unwrap();
     let m = synthetic(dir.path(), Arch::Gemma3, GgmlType::Q4_0);
     let m = m.to_str().unwrap();
-    let b = ok_json(&weft(&["bench", "--model", m, "-p", "16", "-n", "8", "-r", "2", "--no-bandwidth", "--json"], dir.path()));
+    let b = ok_json(&weft(
+        &[
+            "bench",
+            "--model",
+            m,
+            "-p",
+            "16",
+            "-n",
+            "8",
+            "-r",
+            "2",
+            "--no-bandwidth",
+            "--json",
+        ],
+        dir.path(),
+    ));
     for k in ["pp_tok_s", "tg_tok_s", "bytes_per_token", "load_s"] {
         assert!(b[k].as_f64().unwrap() > 0.0, "{k} in {b}");
     }
     let text = dir.path().join("t.txt");
-    std::fs::write(&text, "the cat sat on the mat and the dog sat on the cat. ".repeat(20)).unwrap();
-    let p = ok_json(&weft(&["perplexity", "--model", m, "--file", text.to_str().unwrap(), "--ctx", "64", "--json"], dir.path()));
+    std::fs::write(
+        &text,
+        "the cat sat on the mat and the dog sat on the cat. ".repeat(20),
+    )
+    .unwrap();
+    let p = ok_json(&weft(
+        &[
+            "perplexity",
+            "--model",
+            m,
+            "--file",
+            text.to_str().unwrap(),
+            "--ctx",
+            "64",
+            "--json",
+        ],
+        dir.path(),
+    ));
     let ppl = p["ppl"].as_f64().unwrap();
     assert!(ppl.is_finite() && ppl > 1.0, "{p}");
     assert!(p["chunks"].as_u64().unwrap() >= 2);
@@ -154,7 +267,9 @@ fn bench_and_perplexity_report_their_keys() {
 fn real_model() -> Option<PathBuf> {
     let home = std::env::var_os("WEFT_HOME")
         .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(std::env::var_os("HOME").unwrap_or_default()).join(".cache/weft"));
+        .unwrap_or_else(|| {
+            PathBuf::from(std::env::var_os("HOME").unwrap_or_default()).join(".cache/weft")
+        });
     let p = home.join("models/gemma-3-270m-q4_k_m.gguf");
     if p.exists() {
         return Some(p);
@@ -170,27 +285,64 @@ fn reference_dir() -> Option<PathBuf> {
     if d.join("gemma3-270m-q4_k_m.json").exists() {
         return Some(d);
     }
-    eprintln!("skipping: no llama.cpp reference data at {} (set WEFT_REFERENCE_DIR)", d.display());
+    eprintln!(
+        "skipping: no llama.cpp reference data at {} (set WEFT_REFERENCE_DIR)",
+        d.display()
+    );
     None
 }
 
 #[test]
 fn gemma3_greedy_matches_llama_cpp() {
-    let (Some(model), Some(refdir)) = (real_model(), reference_dir()) else { return };
-    let r: Value = serde_json::from_str(&std::fs::read_to_string(refdir.join("gemma3-270m-q4_k_m.json")).unwrap()).unwrap();
+    let (Some(model), Some(refdir)) = (real_model(), reference_dir()) else {
+        return;
+    };
+    let r: Value = serde_json::from_str(
+        &std::fs::read_to_string(refdir.join("gemma3-270m-q4_k_m.json")).unwrap(),
+    )
+    .unwrap();
     let home = tempfile::tempdir().unwrap();
     for case in r["greedy"].as_array().unwrap() {
         let prompt = case["prompt"].as_str().unwrap();
-        let want: Vec<u64> = case["gen_ids"].as_array().unwrap().iter().map(|v| v.as_u64().unwrap()).collect();
+        let want: Vec<u64> = case["gen_ids"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v.as_u64().unwrap())
+            .collect();
         let n = want.len().to_string();
         let out = ok_json(&weft(
-            &["run", "--model", model.to_str().unwrap(), "--prompt", prompt, "-n", &n, "--temperature", "0", "--json", "--logprobs", "5"],
+            &[
+                "run",
+                "--model",
+                model.to_str().unwrap(),
+                "--prompt",
+                prompt,
+                "-n",
+                &n,
+                "--temperature",
+                "0",
+                "--json",
+                "--logprobs",
+                "5",
+            ],
             home.path(),
         ));
-        assert_eq!(out["prompt_ids"], case["prompt_ids"], "tokenization of {prompt:?}");
-        let got: Vec<u64> = out["token_ids"].as_array().unwrap().iter().map(|v| v.as_u64().unwrap()).collect();
+        assert_eq!(
+            out["prompt_ids"], case["prompt_ids"],
+            "tokenization of {prompt:?}"
+        );
+        let got: Vec<u64> = out["token_ids"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v.as_u64().unwrap())
+            .collect();
         let same = got.iter().zip(&want).take_while(|(a, b)| a == b).count();
-        assert!(same >= 15.min(want.len()), "{prompt:?}: only {same} tokens agree\n got {got:?}\nwant {want:?}");
+        assert!(
+            same >= 15.min(want.len()),
+            "{prompt:?}: only {same} tokens agree\n got {got:?}\nwant {want:?}"
+        );
         if same < want.len().min(got.len()) {
             // Where the paths part, llama.cpp's token must be a near-tie in weft's own logprobs.
             let top = out["top_logprobs"][same].as_array().unwrap();
@@ -209,19 +361,36 @@ fn gemma3_greedy_matches_llama_cpp() {
 
 #[test]
 fn gemma3_perplexity_matches_llama_cpp() {
-    let (Some(model), Some(refdir)) = (real_model(), reference_dir()) else { return };
-    let r: Value = serde_json::from_str(&std::fs::read_to_string(refdir.join("gemma3-270m-q4_k_m.json")).unwrap()).unwrap();
+    let (Some(model), Some(refdir)) = (real_model(), reference_dir()) else {
+        return;
+    };
+    let r: Value = serde_json::from_str(
+        &std::fs::read_to_string(refdir.join("gemma3-270m-q4_k_m.json")).unwrap(),
+    )
+    .unwrap();
     let home = tempfile::tempdir().unwrap();
     for case in r["perplexity"].as_array().unwrap() {
         let file = refdir.join(case["file"].as_str().unwrap());
         let ctx = case["ctx"].as_u64().unwrap().to_string();
         let out = ok_json(&weft(
-            &["perplexity", "--model", model.to_str().unwrap(), "--file", file.to_str().unwrap(), "--ctx", &ctx, "--json"],
+            &[
+                "perplexity",
+                "--model",
+                model.to_str().unwrap(),
+                "--file",
+                file.to_str().unwrap(),
+                "--ctx",
+                &ctx,
+                "--json",
+            ],
             home.path(),
         ));
         let want = case["llama_cpp_ppl"].as_f64().unwrap();
         let got = out["ppl"].as_f64().unwrap();
         assert_eq!(out["chunks"], case["chunks"]);
-        assert!((got - want).abs() / want < 0.01, "perplexity {got} vs llama.cpp {want}");
+        assert!(
+            (got - want).abs() / want < 0.01,
+            "perplexity {got} vs llama.cpp {want}"
+        );
     }
 }

@@ -66,7 +66,7 @@ pub fn vec_dot_type(w: GgmlType) -> GgmlType {
 fn row_bytes(ty: GgmlType, n: usize) -> usize {
     let bs = ty.block_size();
     assert!(
-        n % bs == 0,
+        n.is_multiple_of(bs),
         "{ty}: row length {n} is not a multiple of the block size {bs}"
     );
     n / bs * ty.type_size()

@@ -16,7 +16,7 @@ fn nearest_int(v: f32) -> i32 {
 pub fn quantize_into(ty: GgmlType, src: &[f32], dst: &mut [u8]) {
     let bs = ty.block_size();
     assert!(
-        src.len() % bs == 0,
+        src.len().is_multiple_of(bs),
         "{ty}: {} values is not a whole number of blocks",
         src.len()
     );

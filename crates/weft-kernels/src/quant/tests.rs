@@ -32,7 +32,11 @@ impl Rng {
                 scale = 0.05 + 2.0 * (self.uniform() + 1.0);
             }
             let g = (self.uniform() + self.uniform() + self.uniform() + self.uniform()) * 0.5;
-            let outlier = if self.next_u64() % 97 == 0 { 4.0 } else { 1.0 };
+            let outlier = if self.next_u64().is_multiple_of(97) {
+                4.0
+            } else {
+                1.0
+            };
             out.push(g * scale * outlier);
         }
         out
@@ -46,7 +50,9 @@ const ALL_WEIGHTS: [G; 9] = G::WEIGHT_TYPES;
 fn sizes(ty: G) -> Vec<usize> {
     match ty.block_size() {
         1 => vec![1, 7, 37, 256, 640, 1024],
-        32 => vec![32, 256, 640, 1024, 2048],
+        // 17568 = 549 blocks: more than one 512-block column chunk of the AVX2 driver,
+        // and not a multiple of 8 blocks (the scale records' padding).
+        32 => vec![32, 96, 256, 640, 1024, 2048, 17568],
         _ => vec![256, 1024, 2048],
     }
 }
@@ -417,14 +423,13 @@ fn matvec_matches_scalar_and_reference() {
 fn matmul_matches_scalar() {
     let mut rng = Rng::new(5);
     for w in ALL_WEIGHTS {
-        let n = if w.block_size() == 256 {
-            512
-        } else if w.block_size() == 32 {
-            640
-        } else {
-            75
+        // 17568 values = 549 blocks: two column chunks of the AVX2 driver.
+        let ns: &[usize] = match w.block_size() {
+            256 => &[512, 2048],
+            32 => &[640, 17568],
+            _ => &[75, 640],
         };
-        for rows in [1usize, 3, 7, 9] {
+        for (&n, rows) in ns.iter().flat_map(|n| [1usize, 3, 7, 9].map(|r| (n, r))) {
             let buf = weight_matrix(&mut rng, w, n, rows + 1);
             let weights = &buf[1..];
             let rb = row_bytes(w, n);

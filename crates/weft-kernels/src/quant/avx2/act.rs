@@ -60,10 +60,10 @@ unsafe fn q8_0(x: &[f32], dst: &mut [u8]) {
     for (xs, y) in x.chunks_exact(32).zip(dst.chunks_exact_mut(34)) {
         let mut v = [_mm256_setzero_ps(); 4];
         let mut m = _mm256_setzero_ps();
-        for k in 0..4 {
+        for (k, vk) in v.iter_mut().enumerate() {
             // SAFETY: xs has 32 values.
-            v[k] = unsafe { _mm256_loadu_ps(xs.as_ptr().add(8 * k)) };
-            m = _mm256_max_ps(m, _mm256_andnot_ps(sign, v[k]));
+            *vk = unsafe { _mm256_loadu_ps(xs.as_ptr().add(8 * k)) };
+            m = _mm256_max_ps(m, _mm256_andnot_ps(sign, *vk));
         }
         let d = hmax_ps(m) / 127.0;
         let id = _mm256_set1_ps(if d != 0.0 { 1.0 / d } else { 0.0 });
@@ -119,11 +119,11 @@ unsafe fn q8_k(x: &[f32], dst: &mut [u8]) {
         let cap = _mm256_set1_epi32(127);
         for g in 0..8 {
             let mut q = [_mm256_setzero_si256(); 4];
-            for k in 0..4 {
+            for (k, qk) in q.iter_mut().enumerate() {
                 // SAFETY: values 32g+8k..+8 of the block; cvtps rounds half to even
                 // (the default MXCSR mode), as ggml's nearest_int does.
                 let v = unsafe { _mm256_loadu_ps(p.add(32 * g + 8 * k)) };
-                q[k] = _mm256_min_epi32(_mm256_cvtps_epi32(_mm256_mul_ps(v, iv)), cap);
+                *qk = _mm256_min_epi32(_mm256_cvtps_epi32(_mm256_mul_ps(v, iv)), cap);
             }
             // Two 16-value sums: lanes of q[0]+q[1] and of q[2]+q[3].
             let s = _mm256_hadd_epi32(_mm256_add_epi32(q[0], q[1]), _mm256_add_epi32(q[2], q[3]));

@@ -93,15 +93,30 @@ unsafe fn dot1<W: Widen>(row: *const u8, act: *const u8, n: usize) -> f32 {
     while i + 32 <= n {
         for (k, a) in acc.iter_mut().enumerate() {
             let j = i + 8 * k;
-            unsafe { *a = _mm256_fmadd_ps(W::load8(row.add(W::WB * j)), _mm256_loadu_ps(act.add(4 * j).cast()), *a) };
+            unsafe {
+                *a = _mm256_fmadd_ps(
+                    W::load8(row.add(W::WB * j)),
+                    _mm256_loadu_ps(act.add(4 * j).cast()),
+                    *a,
+                )
+            };
         }
         i += 32;
     }
     while i + 8 <= n {
-        unsafe { acc[0] = _mm256_fmadd_ps(W::load8(row.add(W::WB * i)), _mm256_loadu_ps(act.add(4 * i).cast()), acc[0]) };
+        unsafe {
+            acc[0] = _mm256_fmadd_ps(
+                W::load8(row.add(W::WB * i)),
+                _mm256_loadu_ps(act.add(4 * i).cast()),
+                acc[0],
+            )
+        };
         i += 8;
     }
-    let mut sum = hsum_ps(_mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3])));
+    let mut sum = hsum_ps(_mm256_add_ps(
+        _mm256_add_ps(acc[0], acc[1]),
+        _mm256_add_ps(acc[2], acc[3]),
+    ));
     while i < n {
         sum += unsafe { W::load1(row.add(W::WB * i)) * read_f32(act.add(4 * i)) };
         i += 1;
@@ -120,7 +135,6 @@ impl<W: Widen> Tile for Float<W> {
         rows: [*const u8; R],
         acts: [*const u8; T],
         n: usize,
-        _ws: [*const f32; R],
         _as: [*const f32; T],
     ) -> [[f32; T]; R] {
         if R * T == 1 {

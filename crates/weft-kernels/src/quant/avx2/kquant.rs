@@ -47,14 +47,23 @@ unsafe fn scales_mins_k4(sc: *const u8) -> (__m256i, __m256i) {
     // SAFETY: 12 bytes, read as three unaligned u32.
     let (u0, u1, u2) = unsafe {
         let p = sc.cast::<u32>();
-        (p.read_unaligned(), p.add(1).read_unaligned(), p.add(2).read_unaligned())
+        (
+            p.read_unaligned(),
+            p.add(1).read_unaligned(),
+            p.add(2).read_unaligned(),
+        )
     };
     // The bit layout of blocks::scale_min_k4, for all eight sub-blocks at once.
     let sc_lo = u0 & M1;
     let sc_hi = (u2 & M2) | (((u0 >> 6) & M3) << 4);
     let mn_lo = u1 & M1;
     let mn_hi = ((u2 >> 4) & M2) | (((u1 >> 6) & M3) << 4);
-    let scales = _mm256_cvtepu8_epi16(_mm_set_epi32(sc_hi as i32, sc_lo as i32, sc_hi as i32, sc_lo as i32));
+    let scales = _mm256_cvtepu8_epi16(_mm_set_epi32(
+        sc_hi as i32,
+        sc_lo as i32,
+        sc_hi as i32,
+        sc_lo as i32,
+    ));
     let mins = _mm_set_epi32(0, 0, mn_hi as i32, mn_lo as i32);
     (scales, _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(mins, mins)))
 }
@@ -89,7 +98,8 @@ unsafe fn k4_tile<L: LevelsK, const R: usize, const T: usize>(
                     for t in 0..T {
                         let qs = acts[t].add(b * Q8_K_AB + Q8_K_QS + 64 * c);
                         let p_lo = _mm256_madd_epi16(_mm256_maddubs_epi16(lo, load256(qs)), s_lo);
-                        let p_hi = _mm256_madd_epi16(_mm256_maddubs_epi16(hi, load256(qs.add(32))), s_hi);
+                        let p_hi =
+                            _mm256_madd_epi16(_mm256_maddubs_epi16(hi, load256(qs.add(32))), s_hi);
                         isum[t] = _mm256_add_epi32(isum[t], _mm256_add_epi32(p_lo, p_hi));
                     }
                 }
@@ -192,7 +202,6 @@ impl Tile for Q4K {
         rows: [*const u8; R],
         acts: [*const u8; T],
         nb: usize,
-        _ws: [*const f32; R],
         _as: [*const f32; T],
     ) -> [[f32; T]; R] {
         // SAFETY: forwarded from the caller.
@@ -211,7 +220,6 @@ impl Tile for Q5K {
         rows: [*const u8; R],
         acts: [*const u8; T],
         nb: usize,
-        _ws: [*const f32; R],
         _as: [*const f32; T],
     ) -> [[f32; T]; R] {
         // SAFETY: forwarded from the caller.
@@ -239,7 +247,6 @@ impl Tile for Q6K {
         rows: [*const u8; R],
         acts: [*const u8; T],
         nb: usize,
-        _ws: [*const f32; R],
         _as: [*const f32; T],
     ) -> [[f32; T]; R] {
         let m4 = _mm256_set1_epi8(0x0F);
@@ -258,25 +265,45 @@ impl Tile for Q6K {
                     let mut isum = [_mm256_setzero_si256(); T];
                     for t in 0..T {
                         let bsums = load256(acts[t].add(b * Q8_K_AB + Q8_K_BSUMS));
-                        isum[t] = _mm256_sub_epi32(isum[t], _mm256_slli_epi32::<5>(_mm256_madd_epi16(sc16, bsums)));
+                        isum[t] = _mm256_sub_epi32(
+                            isum[t],
+                            _mm256_slli_epi32::<5>(_mm256_madd_epi16(sc16, bsums)),
+                        );
                     }
                     for h in 0..2 {
-                        let (ql1, ql2, qh) = (load256(wp.add(64 * h)), load256(wp.add(64 * h + 32)), load256(wp.add(128 + 32 * h)));
+                        let (ql1, ql2, qh) = (
+                            load256(wp.add(64 * h)),
+                            load256(wp.add(64 * h + 32)),
+                            load256(wp.add(128 + 32 * h)),
+                        );
                         // Quarter k: a nibble of ql1/ql2, and bits 2k..2k+2 of qh as bits 4..6.
                         let q = [
-                            _mm256_or_si256(_mm256_and_si256(ql1, m4), _mm256_and_si256(_mm256_slli_epi16::<4>(qh), m30)),
-                            _mm256_or_si256(_mm256_and_si256(ql2, m4), _mm256_and_si256(_mm256_slli_epi16::<2>(qh), m30)),
-                            _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16::<4>(ql1), m4), _mm256_and_si256(qh, m30)),
+                            _mm256_or_si256(
+                                _mm256_and_si256(ql1, m4),
+                                _mm256_and_si256(_mm256_slli_epi16::<4>(qh), m30),
+                            ),
+                            _mm256_or_si256(
+                                _mm256_and_si256(ql2, m4),
+                                _mm256_and_si256(_mm256_slli_epi16::<2>(qh), m30),
+                            ),
+                            _mm256_or_si256(
+                                _mm256_and_si256(_mm256_srli_epi16::<4>(ql1), m4),
+                                _mm256_and_si256(qh, m30),
+                            ),
                             _mm256_or_si256(
                                 _mm256_and_si256(_mm256_srli_epi16::<4>(ql2), m4),
                                 _mm256_and_si256(_mm256_srli_epi16::<2>(qh), m30),
                             ),
                         ];
-                        for k in 0..4 {
-                            let s = _mm256_cvtepi8_epi16(_mm_shuffle_epi8(sc8, pick_pair(8 * h + 2 * k)));
+                        for (k, &qk) in q.iter().enumerate() {
+                            let s = _mm256_cvtepi8_epi16(_mm_shuffle_epi8(
+                                sc8,
+                                pick_pair(8 * h + 2 * k),
+                            ));
                             for t in 0..T {
-                                let qa = load256(acts[t].add(b * Q8_K_AB + Q8_K_QS + 128 * h + 32 * k));
-                                let p = _mm256_madd_epi16(_mm256_maddubs_epi16(q[k], qa), s);
+                                let qa =
+                                    load256(acts[t].add(b * Q8_K_AB + Q8_K_QS + 128 * h + 32 * k));
+                                let p = _mm256_madd_epi16(_mm256_maddubs_epi16(qk, qa), s);
                                 isum[t] = _mm256_add_epi32(isum[t], p);
                             }
                         }

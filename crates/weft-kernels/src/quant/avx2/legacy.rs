@@ -1,19 +1,25 @@
 //! AVX2 tiles for the 32-value formats (Q4_0, Q5_0, Q8_0) against Q8_0 activations.
 //!
 //! Per 32-value block and (row, token) pair: one `maddubs` (u8 x i8 -> i16 pairs), one
-//! `madd` with ones (-> i32), a convert and an FMA with d_w*d_a. Q4_0/Q5_0 keep their
-//! levels unsigned (0..16 / 0..32) for `maddubs` and subtract offset*sum(a), computed once
-//! per token block; Q8_0 weights are signed, so they use the sign trick
-//! (|w| x sign(a, w)), which stays exact even for w = -128.
+//! `madd` with ones (-> i32), a convert and an FMA with d_w*d_a. On the Zen-class cores
+//! this was tuned on, all of those share two pipes, so the work around them is kept off
+//! the per-pair path:
+//! - d_w*d_a for the whole row is made first, eight blocks per instruction, and read back
+//!   by a broadcast load (a load, not an ALU op);
+//! - Q4_0/Q5_0 feed their unsigned levels (0..16 / 0..32) straight to `maddubs`; the
+//!   offset (8 / 16) comes off at the end as OFFSET * sum_b d_w*d_a*sum(a_b), a short
+//!   dot over the activation's block sums (computed once per activation by the driver);
+//! - Q8_0 weights are signed, so they use the sign trick (|w| x sign(a, w)), exact even
+//!   for w = -128.
 //!
-//! The f16 block scales arrive converted to f32 (see the driver), so a block's scale
-//! costs two broadcast loads and a multiply, and the vector registers stay free for the
-//! accumulators: once those spill, every FMA waits on a store/reload round trip.
+//! Decode runs one row with two accumulators; prefill runs one row with four tokens.
 
 use super::*;
 use std::mem::MaybeUninit;
 
 /// Nibbles of 16 bytes as 32 unsigned levels: low nibbles are values 0..16, high 16..32.
+/// The bytes go to both lanes with a broadcast load and only the upper lane is shifted,
+/// one shift instead of a shift plus a lane insert.
 ///
 /// # Safety
 /// `p` is readable for 16 bytes.
@@ -21,11 +27,9 @@ use std::mem::MaybeUninit;
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn nibbles(p: *const u8) -> __m256i {
     // SAFETY: forwarded from the caller.
-    let v = unsafe { load128(p) };
-    _mm256_and_si256(
-        _mm256_set_m128i(_mm_srli_epi16::<4>(v), v),
-        _mm256_set1_epi8(0x0F),
-    )
+    let v = _mm256_broadcastsi128_si256(unsafe { load128(p) });
+    let shifted = _mm256_srlv_epi32(v, _mm256_setr_epi32(0, 0, 0, 0, 4, 4, 4, 4));
+    _mm256_and_si256(shifted, _mm256_set1_epi8(0x0F))
 }
 
 /// The 32 bits of `bits` as bytes: 0xFF where bit j is set, 0 elsewhere (byte j <- bit j).
@@ -154,27 +158,41 @@ impl Legacy for Q8_0 {
 
 const Q8_0_AB: usize = 34;
 
-/// `prod[b] = ws[b] * as_[b]` for the padded span (see [`Tile::tile`]), and, for offset
-/// formats, the offset term OFFSET * sum_b prod[b] * sum(a of block b).
+/// `prod[t][b] = d_w[b] * d_a[t][b]` for the padded span (converting the row's f16
+/// scales eight at a time, zero past nb), and, for offset formats, each token's offset
+/// term OFFSET * sum_b prod[t][b] * sum(a[t] of block b).
 ///
 /// # Safety
-/// `ws` and `as_` are readable for `cp` floats and `as_ + cp` (the sums) too when
-/// OFFSET != 0; `prod` is writable for `cp` floats; `cp` is a multiple of 8.
+/// `row` holds `nb` blocks; each `as_[t]` is a record as described in [`Tile::tile`];
+/// each `prod[t]` is writable for `nb` rounded up to 8 floats.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn products<K: Legacy>(ws: *const f32, as_: *const f32, cp: usize, prod: *mut f32) -> f32 {
-    let mut corr = _mm256_setzero_ps();
+unsafe fn products<K: Legacy, const T: usize>(
+    row: *const u8,
+    nb: usize,
+    as_: [*const f32; T],
+    prod: [*mut f32; T],
+) -> [f32; T] {
+    let cp = nb.div_ceil(8) * 8;
+    let mut corr = [_mm256_setzero_ps(); T];
     for k in (0..cp).step_by(8) {
-        // SAFETY: k + 8 <= cp <= COLS.
+        // SAFETY: k + 8 <= cp, the padded length of the records and of prod.
         unsafe {
-            let v = _mm256_mul_ps(_mm256_loadu_ps(ws.add(k)), _mm256_loadu_ps(as_.add(k)));
-            _mm256_storeu_ps(prod.add(k), v);
-            if K::OFFSET != 0 {
-                corr = _mm256_fmadd_ps(v, _mm256_loadu_ps(as_.add(cp + k)), corr);
+            let dw = scales8(row, K::WB, k, nb);
+            for t in 0..T {
+                let v = _mm256_mul_ps(dw, _mm256_loadu_ps(as_[t].add(k)));
+                _mm256_storeu_ps(prod[t].add(k), v);
+                if K::OFFSET != 0 {
+                    corr[t] = _mm256_fmadd_ps(v, _mm256_loadu_ps(as_[t].add(cp + k)), corr[t]);
+                }
             }
         }
     }
-    K::OFFSET as f32 * hsum_ps(corr)
+    let mut out = [0.0f32; T];
+    for t in 0..T {
+        out[t] = K::OFFSET as f32 * hsum_ps(corr[t]);
+    }
+    out
 }
 
 /// Adds block `b`'s contribution to `acc`.
@@ -183,11 +201,21 @@ unsafe fn products<K: Legacy>(ws: *const f32, as_: *const f32, cp: usize, prod: 
 /// As [`Tile::tile`], with block b in bounds.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn add_block<K: Legacy>(acc: __m256, w: K::W, act: *const u8, b: usize, prod: *const f32) -> __m256 {
+unsafe fn add_block<K: Legacy>(
+    acc: __m256,
+    w: K::W,
+    act: *const u8,
+    b: usize,
+    prod: *const f32,
+) -> __m256 {
     // SAFETY: forwarded from the caller (prod[b] was written by `products`).
     unsafe {
         let p = K::dot(w, load256(act.add(b * Q8_0_AB + 2)));
-        _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_broadcast_ss(&*prod.add(b)), acc)
+        _mm256_fmadd_ps(
+            _mm256_cvtepi32_ps(p),
+            _mm256_broadcast_ss(&*prod.add(b)),
+            acc,
+        )
     }
 }
 
@@ -203,23 +231,25 @@ impl<K: Legacy> Tile for K {
         rows: [*const u8; R],
         acts: [*const u8; T],
         nb: usize,
-        ws: [*const f32; R],
         as_: [*const f32; T],
     ) -> [[f32; T]; R] {
         // One row per tile: the products below are per (row, token).
         const { assert!(R == 1) };
-        let cp = nb.div_ceil(8) * 8;
         let row = rows[0];
         let mut out = [[0.0f32; T]; R];
         // Left uninitialised: `products` writes the cp <= COLS entries that are read
         // (zeroing 8 KiB per tile cost more than short rows' dot products).
         let mut store = [[MaybeUninit::<f32>::uninit(); COLS]; T];
         let mut prod = [std::ptr::null::<f32>(); T];
+        let mut prod_mut = [std::ptr::null_mut::<f32>(); T];
         for t in 0..T {
-            let p = store[t].as_mut_ptr().cast::<f32>();
-            // SAFETY: the driver's scale records are padded to cp (with zeros); cp <= COLS.
-            out[0][t] = -unsafe { products::<K>(ws[0], as_[t], cp, p) };
-            prod[t] = p;
+            prod_mut[t] = store[t].as_mut_ptr().cast::<f32>();
+            prod[t] = prod_mut[t];
+        }
+        // SAFETY: the driver's records are padded to nb rounded up to 8 <= COLS.
+        let corr = unsafe { products::<K, T>(row, nb, as_, prod_mut) };
+        for t in 0..T {
+            out[0][t] = -corr[t];
         }
         // SAFETY (all blocks below): b < nb, and the caller vouches for nb blocks.
         if T == 1 {
@@ -229,13 +259,22 @@ impl<K: Legacy> Tile for K {
             let mut b = 0;
             while b + 2 <= nb {
                 unsafe {
-                    acc0 = add_block::<K>(acc0, K::weights(row.add(b * K::WB)), acts[0], b, prod[0]);
-                    acc1 = add_block::<K>(acc1, K::weights(row.add((b + 1) * K::WB)), acts[0], b + 1, prod[0]);
+                    acc0 =
+                        add_block::<K>(acc0, K::weights(row.add(b * K::WB)), acts[0], b, prod[0]);
+                    acc1 = add_block::<K>(
+                        acc1,
+                        K::weights(row.add((b + 1) * K::WB)),
+                        acts[0],
+                        b + 1,
+                        prod[0],
+                    );
                 }
                 b += 2;
             }
             if b < nb {
-                acc0 = unsafe { add_block::<K>(acc0, K::weights(row.add(b * K::WB)), acts[0], b, prod[0]) };
+                acc0 = unsafe {
+                    add_block::<K>(acc0, K::weights(row.add(b * K::WB)), acts[0], b, prod[0])
+                };
             }
             out[0][0] += hsum_ps(_mm256_add_ps(acc0, acc1));
             return out;

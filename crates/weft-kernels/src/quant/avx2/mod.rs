@@ -9,9 +9,9 @@
 //! from memory once per token chunk while the chunk's activations stay in L2.
 //!
 //! The 32-value formats carry an f16 scale per 32 values; converting those one at a time
-//! inside the dot loop costs as much as the dot itself, so the drivers convert them to
-//! f32 up front, eight per instruction (the activation's once per call, a row's once per
-//! row group), and the tiles read them with broadcast loads.
+//! inside the dot loop costs as much as the dot itself, so they are converted eight per
+//! instruction outside it: the activation's once per call by the driver (with its block
+//! sums, see legacy.rs), a row's at the start of its tile.
 
 mod act;
 mod float;
@@ -41,15 +41,16 @@ pub(super) trait Tile {
     const WB: usize;
     /// Bytes of the matching activation block.
     const AB: usize;
-    /// Whether the tile reads per-block f32 scales prepared by the driver.
+    /// Whether the tile reads the activation's per-block f32 scales, prepared by the
+    /// driver once per activation.
     const SCALES: bool;
     /// Whether it also reads the sum of each activation block's quants.
     const SUMS: bool = false;
 
-    /// Returns `out[r][t] = dot(rows[r], acts[t])`. When `SCALES`, `ws[r]` and `as_[t]`
-    /// hold the f32 value of each block's f16 scale, zero-padded to `cp` = nb rounded up
-    /// to 8; when `SUMS`, `as_[t] + cp` holds the activation's block sums, padded alike.
-    /// Otherwise they are not read.
+    /// Returns `out[r][t] = dot(rows[r], acts[t])`. When `SCALES`, `as_[t]` holds the
+    /// f32 value of each activation block's f16 scale, zero-padded to `cp` = nb rounded
+    /// up to 8; when `SUMS`, `as_[t] + cp` holds the block sums, padded alike. Otherwise
+    /// `as_` is not read.
     ///
     /// # Safety
     /// The CPU has AVX2, FMA and F16C; each `rows[r]` is readable for `nb * WB` bytes,
@@ -58,42 +59,60 @@ pub(super) trait Tile {
         rows: [*const u8; R],
         acts: [*const u8; T],
         nb: usize,
-        ws: [*const f32; R],
         as_: [*const f32; T],
     ) -> [[f32; T]; R];
 }
 
-/// Blocks per column chunk for formats with driver-made scales (bounds the stack
-/// buffers; rows up to 16384 values of the 32-value formats take one chunk).
+/// Blocks per column chunk for the formats with driver-made activation records (bounds
+/// the stack buffers; rows up to 16384 values of the 32-value formats take one chunk,
+/// longer ones are summed chunk by chunk).
 const COLS: usize = 512;
 /// f32 activation scales the matmul driver keeps for a token chunk.
 const ACT_SCALES: usize = 8192;
+/// How far ahead of the decode stream to prefetch (a few rows of the head).
+const PREFETCH_BYTES: usize = 2560;
 /// Activation bytes a token chunk may take, so it stays in L2 while every row of the
 /// range is dotted with it.
 const ACT_CHUNK_BYTES: usize = 192 * 1024;
 
-/// The f16 scales at the start of `count` consecutive blocks of `stride` bytes, as f32,
-/// eight per `vcvtph2ps`; the rest of `out` (the padding) is zeroed.
+/// The f16 scales of blocks i..i+8 (of `stride` bytes from `p`) as f32, one
+/// `vcvtph2ps`; blocks at or past `count` read as 0.
 ///
 /// # Safety
-/// `p + i * stride` is readable for 2 bytes for every i < count <= out.len().
+/// `p + j * stride` is readable for 2 bytes for every j < count.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn scales8(p: *const u8, stride: usize, i: usize, count: usize) -> __m256 {
+    let h = if i + 8 <= count {
+        // SAFETY: blocks i..i+8 are below count.
+        let h = |k: usize| unsafe { read_u16(p.add((i + k) * stride)) as i16 };
+        _mm_set_epi16(h(7), h(6), h(5), h(4), h(3), h(2), h(1), h(0))
+    } else {
+        // SAFETY: only blocks below count are read.
+        let h = |k: usize| {
+            if i + k < count {
+                unsafe { read_u16(p.add((i + k) * stride)) as i16 }
+            } else {
+                0
+            }
+        };
+        _mm_set_epi16(h(7), h(6), h(5), h(4), h(3), h(2), h(1), h(0))
+    };
+    _mm256_cvtph_ps(h)
+}
+
+/// The f16 scales of `count` consecutive blocks as f32 into `out` (count rounded up to
+/// 8 long), the padding zero.
+///
+/// # Safety
+/// As [`scales8`]; `out.len()` is a multiple of 8.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn convert_scales(p: *const u8, stride: usize, count: usize, out: &mut [f32]) {
-    let mut i = 0;
-    // SAFETY (all reads): i + k < count for every block touched.
-    while i + 8 <= count {
-        let h = |k: usize| unsafe { read_u16(p.add((i + k) * stride)) } as i16;
-        let v = _mm_set_epi16(h(7), h(6), h(5), h(4), h(3), h(2), h(1), h(0));
-        // SAFETY: i + 8 <= count <= out.len().
-        unsafe { _mm256_storeu_ps(out.as_mut_ptr().add(i), _mm256_cvtph_ps(v)) };
-        i += 8;
+    for (i, o) in out.chunks_exact_mut(8).enumerate() {
+        // SAFETY: forwarded; o has 8 floats.
+        unsafe { _mm256_storeu_ps(o.as_mut_ptr(), scales8(p, stride, 8 * i, count)) };
     }
-    while i < count {
-        out[i] = f16_to_f32(unsafe { read_u16(p.add(i * stride)) });
-        i += 1;
-    }
-    out[count..].fill(0.0);
 }
 
 /// Sums of the 32 quants of each of `count` Q8_0 blocks, as f32; the rest of `out` is
@@ -107,7 +126,10 @@ unsafe fn block_sums(p: *const u8, count: usize, out: &mut [f32]) {
     for (b, o) in out.iter_mut().enumerate().take(count) {
         // SAFETY: block b < count.
         let q = unsafe { load256(p.add(b * 34 + 2)) };
-        let s = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_set1_epi8(1), q), _mm256_set1_epi16(1));
+        let s = _mm256_madd_epi16(
+            _mm256_maddubs_epi16(_mm256_set1_epi8(1), q),
+            _mm256_set1_epi16(1),
+        );
         let s = _mm_add_epi32(_mm256_castsi256_si128(s), _mm256_extracti128_si256::<1>(s));
         let s = _mm_add_epi32(s, _mm_shuffle_epi32::<0b01_00_11_10>(s));
         let s = _mm_add_epi32(s, _mm_shuffle_epi32::<0b10_11_00_01>(s));
@@ -154,7 +176,13 @@ fn put(out: &mut [f32], i: usize, v: f32, first: bool) {
 /// AVX2/FMA/F16C present; `weights` holds `rows.end` rows of `nb * K::WB` bytes; `act`
 /// holds `nb * K::AB` bytes; `out.len() >= rows.len()`.
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn matvec_with<K: Tile>(nb: usize, weights: &[u8], rows: Range<usize>, act: &[u8], out: &mut [f32]) {
+unsafe fn matvec_with<K: Tile>(
+    nb: usize,
+    weights: &[u8],
+    rows: Range<usize>,
+    act: &[u8],
+    out: &mut [f32],
+) {
     let rb = nb * K::WB;
     let (w, a) = (weights.as_ptr(), act.as_ptr());
     if nb == 0 {
@@ -163,33 +191,29 @@ unsafe fn matvec_with<K: Tile>(nb: usize, weights: &[u8], rows: Range<usize>, ac
     }
     let cols = if K::SCALES { COLS } else { nb };
     let mut asc = [0.0f32; 2 * COLS];
-    let mut wsc = [0.0f32; COLS];
     let mut c0 = 0;
     // SAFETY (pointer arithmetic and tile calls): rows are below rows.end and blocks
     // below nb, both checked by the caller against the slice lengths.
     while c0 < nb {
         let cl = cols.min(nb - c0);
-        let cp = cl.div_ceil(8) * 8;
         let ap = unsafe { a.add(c0 * K::AB) };
         if K::SCALES {
             unsafe { act_record::<K>(ap, cl, &mut asc[..record_len::<K>(cl)]) };
         }
-        let pfd: usize = std::env::var("PFD").ok().and_then(|v| v.parse().ok()).unwrap_or(0);
         for (o, r) in rows.clone().enumerate() {
             let rp = unsafe { w.add(r * rb + c0 * K::WB) };
-            if pfd > 0 && r + 1 < rows.end {
-                let end = (rows.end * rb) as isize;
-                let mut off = (rb * pfd) as isize;
-                let stop = off + rb as isize;
-                while off < stop && (r * rb) as isize + off < end {
-                    unsafe { _mm_prefetch::<_MM_HINT_T0>(rp.offset(off).cast()) };
-                    off += 64;
-                }
+            // Ask for the bytes PREFETCH_BYTES ahead of this row, a row's worth per row,
+            // so the stream keeps enough misses in flight. Measured on the Q8_0 output
+            // head: 11-14 GB/s without, 16-18 with (the machine's single-stream read
+            // rate; 2 MiB pages then add nothing). Prefetches never fault, so running
+            // past the end of the matrix is harmless; wrapping_add keeps the address
+            // computation defined there.
+            let mut off = 0;
+            while off < cl * K::WB {
+                _mm_prefetch::<_MM_HINT_T0>(rp.wrapping_add(PREFETCH_BYTES + off).cast());
+                off += 64;
             }
-            if K::SCALES {
-                unsafe { convert_scales(rp, K::WB, cl, &mut wsc[..cp]) };
-            }
-            let v = unsafe { K::tile::<1, 1>([rp], [ap], cl, [wsc.as_ptr()], [asc.as_ptr()]) };
+            let v = unsafe { K::tile::<1, 1>([rp], [ap], cl, [asc.as_ptr()]) };
             put(out, o, v[0][0], c0 == 0);
         }
         c0 += cl;
@@ -223,14 +247,13 @@ unsafe fn matmul_with<K: Tile, const R: usize, const T: usize>(
     }
     let cols = if K::SCALES { COLS } else { nb };
     let mut asc = [0.0f32; ACT_SCALES];
-    let mut wsc = [[0.0f32; COLS]; R];
     let mut c0 = 0;
     // SAFETY (pointer arithmetic and tile calls): every row index is below rows.end,
     // every token below m and every block below nb, all checked by the caller.
     while c0 < nb {
         let cl = cols.min(nb - c0);
         let first = c0 == 0;
-        let (cp, rec) = (cl.div_ceil(8) * 8, record_len::<K>(cl));
+        let rec = record_len::<K>(cl);
         let mut chunk = (ACT_CHUNK_BYTES / (cl * K::AB)).max(T);
         if K::SCALES {
             chunk = chunk.min(ACT_SCALES / rec);
@@ -252,18 +275,17 @@ unsafe fn matmul_with<K: Tile, const R: usize, const T: usize>(
                 let i = r - rows.start;
                 let group = if r + R <= rows.end { R } else { 1 };
                 let row = |k: usize| unsafe { w.add((r + k) * rb + c0 * K::WB) };
-                if K::SCALES {
-                    for (k, ws) in wsc.iter_mut().enumerate().take(group) {
-                        unsafe { convert_scales(row(k), K::WB, cl, &mut ws[..cp]) };
-                    }
-                }
                 let mut t = t0;
                 if group == R {
                     let p: [*const u8; R] = std::array::from_fn(row);
-                    let ws: [*const f32; R] = std::array::from_fn(|k| wsc[k].as_ptr());
                     while t + T <= t1 {
                         let res = unsafe {
-                            K::tile::<R, T>(p, std::array::from_fn(|k| act(t + k)), cl, ws, std::array::from_fn(|k| asp(t + k)))
+                            K::tile::<R, T>(
+                                p,
+                                std::array::from_fn(|k| act(t + k)),
+                                cl,
+                                std::array::from_fn(|k| asp(t + k)),
+                            )
                         };
                         for (ri, v) in res.iter().enumerate() {
                             for (ti, x) in v.iter().enumerate() {
@@ -273,17 +295,22 @@ unsafe fn matmul_with<K: Tile, const R: usize, const T: usize>(
                         t += T;
                     }
                     while t < t1 {
-                        let res = unsafe { K::tile::<R, 1>(p, [act(t)], cl, ws, [asp(t)]) };
+                        let res = unsafe { K::tile::<R, 1>(p, [act(t)], cl, [asp(t)]) };
                         for (ri, v) in res.iter().enumerate() {
                             put(out, t * out_stride + i + ri, v[0], first);
                         }
                         t += 1;
                     }
                 } else {
-                    let (p, ws) = ([row(0)], [wsc[0].as_ptr()]);
+                    let p = [row(0)];
                     while t + T <= t1 {
                         let res = unsafe {
-                            K::tile::<1, T>(p, std::array::from_fn(|k| act(t + k)), cl, ws, std::array::from_fn(|k| asp(t + k)))
+                            K::tile::<1, T>(
+                                p,
+                                std::array::from_fn(|k| act(t + k)),
+                                cl,
+                                std::array::from_fn(|k| asp(t + k)),
+                            )
                         };
                         for (ti, x) in res[0].iter().enumerate() {
                             put(out, (t + ti) * out_stride + i, *x, first);
@@ -291,7 +318,7 @@ unsafe fn matmul_with<K: Tile, const R: usize, const T: usize>(
                         t += T;
                     }
                     while t < t1 {
-                        let res = unsafe { K::tile::<1, 1>(p, [act(t)], cl, ws, [asp(t)]) };
+                        let res = unsafe { K::tile::<1, 1>(p, [act(t)], cl, [asp(t)]) };
                         put(out, t * out_stride + i, res[0][0], first);
                         t += 1;
                     }
