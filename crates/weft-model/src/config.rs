@@ -90,13 +90,7 @@ impl ModelConfig {
         let n_head_kv = f.get_u64_or(&k("attention.head_count_kv"), n_head as u64)? as usize;
         let head_dim = match f.get(&k("attention.key_length")) {
             Some(_) => us("attention.key_length")?,
-            None => {
-                if n_head == 0 {
-                    0
-                } else {
-                    n_embd / n_head
-                }
-            }
+            None => n_embd.checked_div(n_head).unwrap_or(0),
         };
         let n_ff = us("feed_forward_length")?;
         let bad = |key: String, detail: String| f.err(FormatError::BadValue { key, detail });
@@ -124,7 +118,7 @@ impl ModelConfig {
         }
         let eps = f.get_f32(&k("attention.layer_norm_rms_epsilon"))?;
         let n_rot = f.get_u64_or(&k("rope.dimension_count"), head_dim as u64)? as usize;
-        if n_rot > head_dim || n_rot % 2 != 0 {
+        if n_rot > head_dim || !n_rot.is_multiple_of(2) {
             return Err(bad(
                 k("rope.dimension_count"),
                 format!("{n_rot} must be even and at most the head size {head_dim}"),

@@ -482,9 +482,9 @@ impl Model {
                 Some(w) => (pos + 1).saturating_sub(w),
                 None => 0,
             };
-            let p = att_ptr;
             // SAFETY: each (token, head) task writes its own head_dim slice of `att`.
-            let out = unsafe { std::slice::from_raw_parts_mut(p.0.add(t * ql + h * hd), hd) };
+            let out =
+                unsafe { std::slice::from_raw_parts_mut(att_ptr.get().add(t * ql + h * hd), hd) };
             attend(
                 &q[t * ql + h * hd..t * ql + (h + 1) * hd],
                 lkv,
@@ -624,6 +624,13 @@ struct SyncPtr(*mut f32);
 // SAFETY: only used to give pool tasks disjoint slices.
 unsafe impl Send for SyncPtr {}
 unsafe impl Sync for SyncPtr {}
+
+impl SyncPtr {
+    /// Through a method so closures capture the whole (Sync) wrapper, not the raw field.
+    fn get(self) -> *mut f32 {
+        self.0
+    }
+}
 
 fn validate_shard(cfg: &ModelConfig, s: &ShardSpec) -> Result<(), ModelError> {
     let bad = |d: String| Err(ModelError::Shard(d));

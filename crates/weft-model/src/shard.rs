@@ -114,7 +114,7 @@ pub fn split_proportional(
     if parts == 0 {
         return Err("no ranks".into());
     }
-    if step == 0 || n % step != 0 {
+    if step == 0 || !n.is_multiple_of(step) {
         return Err(format!("{n} is not a multiple of {step}"));
     }
     let units = n / step;

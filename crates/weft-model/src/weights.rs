@@ -44,6 +44,13 @@ struct SyncPtr(*mut f32);
 unsafe impl Send for SyncPtr {}
 unsafe impl Sync for SyncPtr {}
 
+impl SyncPtr {
+    /// Through a method so closures capture the whole (Sync) wrapper, not the raw field.
+    fn get(self) -> *mut f32 {
+        self.0
+    }
+}
+
 impl Linear {
     fn check(file: &GgufFile, name: &str, n_in: usize, n_out: usize) -> Result<(), ModelError> {
         let t = file.tensor(name)?;
@@ -160,9 +167,8 @@ impl Linear {
         let w = self.bytes();
         let p = SyncPtr(out.as_mut_ptr());
         pool.for_ranges(self.n_out, 4, &|r| {
-            let p = p;
             // SAFETY: for_ranges hands out disjoint ranges within 0..n_out.
-            let o = unsafe { std::slice::from_raw_parts_mut(p.0.add(r.start), r.len()) };
+            let o = unsafe { std::slice::from_raw_parts_mut(p.get().add(r.start), r.len()) };
             quant::matvec(self.ty, self.n_in, w, r, act, o);
         });
         if let Some(b) = &self.bias {
@@ -190,9 +196,9 @@ impl Linear {
         // Each task owns the contiguous tile region rows.start*m .. rows.end*m (token-major
         // within it), so tasks never share memory; the transpose below is cheap.
         pool.for_ranges(self.n_out, 16, &|r| {
-            let p = p;
             // SAFETY: disjoint ranges map to disjoint tile regions.
-            let o = unsafe { std::slice::from_raw_parts_mut(p.0.add(r.start * m), r.len() * m) };
+            let o =
+                unsafe { std::slice::from_raw_parts_mut(p.get().add(r.start * m), r.len() * m) };
             quant::matmul(self.ty, self.n_in, w, r.clone(), acts, m, o, r.len());
         });
         // Gather: the region of a task starting at row s holds [t][r - s] with stride len.
