@@ -64,25 +64,21 @@ pub enum FormatError {
 /// A [`FormatError`] or I/O error, with the file's path.
 #[derive(Debug, thiserror::Error)]
 pub enum GgufError {
-    #[error("{path}: {source}")]
+    // The cause is part of the message, not a `source`, so `{:#}` chains print it once.
+    #[error("{path}: {error}")]
     Io {
         path: PathBuf,
-        #[source]
-        source: std::io::Error,
+        error: std::io::Error,
     },
-    #[error("{path}: {source}")]
-    Format {
-        path: PathBuf,
-        #[source]
-        source: FormatError,
-    },
+    #[error("{path}: {error}")]
+    Format { path: PathBuf, error: FormatError },
 }
 
 impl GgufError {
     /// The format error inside, if this is one (tests match on it).
     pub fn format(&self) -> Option<&FormatError> {
         match self {
-            GgufError::Format { source, .. } => Some(source),
+            GgufError::Format { error, .. } => Some(error),
             GgufError::Io { .. } => None,
         }
     }

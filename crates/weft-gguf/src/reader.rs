@@ -67,9 +67,9 @@ impl GgufFile {
     /// Maps and parses `path`.
     pub fn open(path: impl AsRef<Path>) -> Result<Self, GgufError> {
         let path = path.as_ref().to_path_buf();
-        let io = |source| GgufError::Io {
+        let io = |error| GgufError::Io {
             path: path.clone(),
-            source,
+            error,
         };
         let file = File::open(&path).map_err(io)?;
         // SAFETY: the mapping is read-only; weft never writes model files while serving them.
@@ -110,7 +110,7 @@ impl GgufFile {
                 tensors: h.tensors,
                 data_offset: h.data_offset,
             }),
-            Err(source) => Err(GgufError::Format { path, source }),
+            Err(error) => Err(GgufError::Format { path, error }),
         }
     }
 
@@ -131,10 +131,10 @@ impl GgufFile {
     }
 
     /// Wraps a format error with this file's path.
-    pub fn err(&self, source: FormatError) -> GgufError {
+    pub fn err(&self, error: FormatError) -> GgufError {
         GgufError::Format {
             path: self.path.clone(),
-            source,
+            error,
         }
     }
 

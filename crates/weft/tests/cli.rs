@@ -193,7 +193,7 @@ fn broken_files_give_clear_errors() {
     version[4..8].copy_from_slice(&9u32.to_le_bytes());
     case("version.gguf", &version, "unsupported GGUF version 9");
     case("truncated.gguf", &good[..good.len() / 2], "past the end");
-    case("header.gguf", &good[..100], "truncated");
+    case("header.gguf", &good[..100], "cannot fit");
     case("empty.gguf", &[], "not a GGUF file");
     // An unsupported architecture: rewrite the value of general.architecture ("llama" -> "llamb").
     let at = good.windows(5).position(|w| w == b"llama").unwrap();
