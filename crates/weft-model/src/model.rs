@@ -505,16 +505,7 @@ impl Model {
             &mut ws.acts,
             &mut ws.tile,
         );
-        coll.all_reduce_sum(&mut ws.o[..m * e])
-            .map_err(ModelError::Collective)?;
-        residual(
-            &mut ws.x,
-            &mut ws.o,
-            e,
-            m,
-            layer.post_attn_norm.as_deref(),
-            cfg.eps,
-        );
+        reduce_into_residual(coll, ws, e, m, layer.post_attn_norm.as_deref(), cfg.eps)?;
 
         // MLP block.
         let fl = layer.gate.n_out;
@@ -560,16 +551,7 @@ impl Model {
             &mut ws.acts,
             &mut ws.tile,
         );
-        coll.all_reduce_sum(&mut ws.o[..m * e])
-            .map_err(ModelError::Collective)?;
-        residual(
-            &mut ws.x,
-            &mut ws.o,
-            e,
-            m,
-            layer.post_ffw_norm.as_deref(),
-            cfg.eps,
-        );
+        reduce_into_residual(coll, ws, e, m, layer.post_ffw_norm.as_deref(), cfg.eps)?;
         Ok(())
     }
 
@@ -672,6 +654,22 @@ fn linear(
     } else {
         w.matmul(pool, &acts[..m * ab], m, out, out_stride, tile);
     }
+}
+
+/// Sums the row-parallel partial outputs `ws.o` across the group, then adds them
+/// (post-normed for Gemma) to the residual stream `ws.x`.
+fn reduce_into_residual(
+    coll: &mut dyn Collective,
+    ws: &mut Workspace,
+    e: usize,
+    m: usize,
+    norm: Option<&[f32]>,
+    eps: f32,
+) -> Result<(), ModelError> {
+    coll.all_reduce_sum(&mut ws.o[..m * e])
+        .map_err(ModelError::Collective)?;
+    residual(&mut ws.x, &mut ws.o, e, m, norm, eps);
+    Ok(())
 }
 
 /// x += norm(o) (Gemma's post-norms) or x += o.

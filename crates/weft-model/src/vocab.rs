@@ -5,9 +5,6 @@ use weft_tokenizer::{Tokenizer, TokenizerSpec};
 
 use crate::error::ModelError;
 
-/// End-of-turn markers of the chat formats weft knows, stopped on like EOS.
-const EOT_TEXTS: [&str; 4] = ["<end_of_turn>", "<|eot_id|>", "<|im_end|>", "<|endoftext|>"];
-
 pub fn tokenizer_from_gguf(f: &GgufFile) -> Result<Tokenizer, ModelError> {
     let path = f.path().display().to_string();
     let wrong = |key: &str, want: &str| {
@@ -61,13 +58,9 @@ pub fn tokenizer_from_gguf(f: &GgufFile) -> Result<Tokenizer, ModelError> {
                 .collect(),
         ),
     };
-    let mut eot_ids: Vec<u32> = EOT_TEXTS
-        .iter()
-        .filter_map(|t| tokens.iter().position(|s| s == t).map(|i| i as u32))
-        .collect();
-    if let Some(e) = id("tokenizer.ggml.eot_token_id")? {
-        eot_ids.push(e);
-    }
+    // End-of-turn texts (<end_of_turn>, <|im_end|>, ...) are recognised by the tokenizer
+    // itself; only the file's explicit id is passed on.
+    let eot_ids: Vec<u32> = id("tokenizer.ggml.eot_token_id")?.into_iter().collect();
     let spec = TokenizerSpec {
         model: f.get_str("tokenizer.ggml.model")?.to_string(),
         pre: f
