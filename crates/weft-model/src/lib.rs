@@ -7,6 +7,7 @@ pub mod engine;
 pub mod error;
 pub mod kv;
 pub mod model;
+mod rows;
 pub mod sampler;
 pub mod shard;
 pub mod synthetic;

@@ -12,6 +12,7 @@ use crate::collective::Collective;
 use crate::config::ModelConfig;
 use crate::error::ModelError;
 use crate::kv::KvCache;
+use crate::rows::{for_each_chunk, for_each_row, linear, linears_of_one_input, SendPtr};
 use crate::shard::{Granularity, ShardSpec};
 use crate::weights::{load_vector, Embedding, Linear};
 
@@ -399,44 +400,17 @@ impl Model {
         let (ql, kvl) = (nh * hd, nkv * hd);
 
         // Attention block.
-        for t in 0..m {
-            ops::rms_norm(
-                &ws.x[t * e..(t + 1) * e],
-                &layer.attn_norm,
-                cfg.eps,
-                &mut ws.xn[t * e..(t + 1) * e],
-            );
-        }
-        linear(
+        norm_rows(pool, &ws.x, &mut ws.xn, e, m, &layer.attn_norm, cfg.eps);
+        linears_of_one_input(
             pool,
-            &layer.wq,
             &ws.xn,
             e,
             m,
-            &mut ws.q,
-            ql,
-            &mut ws.acts,
-            &mut ws.tile,
-        );
-        linear(
-            pool,
-            &layer.wk,
-            &ws.xn,
-            e,
-            m,
-            &mut ws.k,
-            kvl,
-            &mut ws.acts,
-            &mut ws.tile,
-        );
-        linear(
-            pool,
-            &layer.wv,
-            &ws.xn,
-            e,
-            m,
-            &mut ws.v,
-            kvl,
+            &mut [
+                (&layer.wq, &mut ws.q[..]),
+                (&layer.wk, &mut ws.k[..]),
+                (&layer.wv, &mut ws.v[..]),
+            ],
             &mut ws.acts,
             &mut ws.tile,
         );
@@ -445,25 +419,27 @@ impl Model {
         } else {
             &self.rope_global
         };
+        let (attn_scale, eps) = (cfg.attn_scale, cfg.eps);
+        for_each_row(pool, &mut ws.q, ql, ql, m, &|t, qt| {
+            for qh in qt.chunks_exact_mut(hd) {
+                if let Some(w) = &layer.q_norm {
+                    ops::rms_norm_inplace(qh, w, eps);
+                }
+                rope.apply(qh, pos0 + t);
+                vecops::scale(qh, attn_scale);
+            }
+        });
+        for_each_row(pool, &mut ws.k, kvl, kvl, m, &|t, kt| {
+            for kh in kt.chunks_exact_mut(hd) {
+                if let Some(w) = &layer.k_norm {
+                    ops::rms_norm_inplace(kh, w, eps);
+                }
+                rope.apply(kh, pos0 + t);
+            }
+        });
         let lkv = &mut kv.layers[li];
         for t in 0..m {
-            let pos = pos0 + t;
-            for h in 0..nh {
-                let qh = &mut ws.q[t * ql + h * hd..t * ql + (h + 1) * hd];
-                if let Some(w) = &layer.q_norm {
-                    ops::rms_norm_inplace(qh, w, cfg.eps);
-                }
-                rope.apply(qh, pos);
-                vecops::scale(qh, cfg.attn_scale);
-            }
-            for h in 0..nkv {
-                let kh = &mut ws.k[t * kvl + h * hd..t * kvl + (h + 1) * hd];
-                if let Some(w) = &layer.k_norm {
-                    ops::rms_norm_inplace(kh, w, cfg.eps);
-                }
-                rope.apply(kh, pos);
-            }
-            let s = lkv.slot(pos) * lkv.stride;
+            let s = lkv.slot(pos0 + t) * lkv.stride;
             lkv.k[s..s + kvl].copy_from_slice(&ws.k[t * kvl..(t + 1) * kvl]);
             lkv.v[s..s + kvl].copy_from_slice(&ws.v[t * kvl..(t + 1) * kvl]);
         }
@@ -471,7 +447,7 @@ impl Model {
         let head0 = self.shard.heads.start;
         let kv0 = self.kv_heads.start;
         let lkv = &kv.layers[li];
-        let att_ptr = SyncPtr(ws.att.as_mut_ptr());
+        let att_ptr = SendPtr::new(ws.att.as_mut_ptr());
         let q = &ws.q;
         let window = layer.window;
         pool.run(m * nh, &|task| {
@@ -505,41 +481,32 @@ impl Model {
             &mut ws.acts,
             &mut ws.tile,
         );
-        reduce_into_residual(coll, ws, e, m, layer.post_attn_norm.as_deref(), cfg.eps)?;
+        reduce_into_residual(
+            coll,
+            pool,
+            ws,
+            e,
+            m,
+            layer.post_attn_norm.as_deref(),
+            cfg.eps,
+        )?;
 
         // MLP block.
         let fl = layer.gate.n_out;
-        for t in 0..m {
-            ops::rms_norm(
-                &ws.x[t * e..(t + 1) * e],
-                &layer.ffn_norm,
-                cfg.eps,
-                &mut ws.xn[t * e..(t + 1) * e],
-            );
-        }
-        linear(
+        norm_rows(pool, &ws.x, &mut ws.xn, e, m, &layer.ffn_norm, cfg.eps);
+        linears_of_one_input(
             pool,
-            &layer.gate,
             &ws.xn,
             e,
             m,
-            &mut ws.gate,
-            fl,
+            &mut [(&layer.gate, &mut ws.gate[..]), (&layer.up, &mut ws.up[..])],
             &mut ws.acts,
             &mut ws.tile,
         );
-        linear(
-            pool,
-            &layer.up,
-            &ws.xn,
-            e,
-            m,
-            &mut ws.up,
-            fl,
-            &mut ws.acts,
-            &mut ws.tile,
-        );
-        ops::gated_activation(&mut ws.gate[..m * fl], &ws.up[..m * fl], cfg.gelu);
+        let (up, gelu) = (&ws.up, cfg.gelu);
+        for_each_chunk(pool, &mut ws.gate[..m * fl], 64, &|r, g| {
+            ops::gated_activation(g, &up[r], gelu)
+        });
         linear(
             pool,
             &layer.down,
@@ -551,7 +518,15 @@ impl Model {
             &mut ws.acts,
             &mut ws.tile,
         );
-        reduce_into_residual(coll, ws, e, m, layer.post_ffw_norm.as_deref(), cfg.eps)?;
+        reduce_into_residual(
+            coll,
+            pool,
+            ws,
+            e,
+            m,
+            layer.post_ffw_norm.as_deref(),
+            cfg.eps,
+        )?;
         Ok(())
     }
 
@@ -601,19 +576,6 @@ impl Model {
     }
 }
 
-#[derive(Clone, Copy)]
-struct SyncPtr(*mut f32);
-// SAFETY: only used to give pool tasks disjoint slices.
-unsafe impl Send for SyncPtr {}
-unsafe impl Sync for SyncPtr {}
-
-impl SyncPtr {
-    /// Through a method so closures capture the whole (Sync) wrapper, not the raw field.
-    fn get(self) -> *mut f32 {
-        self.0
-    }
-}
-
 fn validate_shard(cfg: &ModelConfig, s: &ShardSpec) -> Result<(), ModelError> {
     let bad = |d: String| Err(ModelError::Shard(d));
     if s.layers.start >= s.layers.end || s.layers.end > cfg.n_layer {
@@ -634,32 +596,26 @@ fn validate_shard(cfg: &ModelConfig, s: &ShardSpec) -> Result<(), ModelError> {
     Ok(())
 }
 
-/// out = W x for `m` rows of `x` (stride `x_stride`), written `out_stride` apart.
-#[allow(clippy::too_many_arguments)]
-fn linear(
+/// xn = rms_norm(x) for each of the `m` token rows.
+fn norm_rows(
     pool: &ThreadPool,
-    w: &Linear,
     x: &[f32],
-    x_stride: usize,
+    xn: &mut [f32],
+    e: usize,
     m: usize,
-    out: &mut [f32],
-    out_stride: usize,
-    acts: &mut [u8],
-    tile: &mut [f32],
+    w: &[f32],
+    eps: f32,
 ) {
-    let ab = w.act_bytes();
-    w.quantize_input(x, x_stride, m, &mut acts[..m * ab]);
-    if m == 1 {
-        w.matvec(pool, &acts[..ab], &mut out[..w.n_out]);
-    } else {
-        w.matmul(pool, &acts[..m * ab], m, out, out_stride, tile);
-    }
+    for_each_row(pool, xn, e, e, m, &|t, out| {
+        ops::rms_norm(&x[t * e..(t + 1) * e], w, eps, out)
+    });
 }
 
 /// Sums the row-parallel partial outputs `ws.o` across the group, then adds them
 /// (post-normed for Gemma) to the residual stream `ws.x`.
 fn reduce_into_residual(
     coll: &mut dyn Collective,
+    pool: &ThreadPool,
     ws: &mut Workspace,
     e: usize,
     m: usize,
@@ -668,21 +624,33 @@ fn reduce_into_residual(
 ) -> Result<(), ModelError> {
     coll.all_reduce_sum(&mut ws.o[..m * e])
         .map_err(ModelError::Collective)?;
-    residual(&mut ws.x, &mut ws.o, e, m, norm, eps);
+    residual(pool, &mut ws.x, &mut ws.o, e, m, norm, eps);
     Ok(())
 }
 
-/// x += norm(o) (Gemma's post-norms) or x += o.
-fn residual(x: &mut [f32], o: &mut [f32], e: usize, m: usize, norm: Option<&[f32]>, eps: f32) {
-    for t in 0..m {
-        let ot = &mut o[t * e..(t + 1) * e];
+/// x += norm(o) (Gemma's post-norms) or x += o, token rows in parallel.
+#[allow(clippy::too_many_arguments)]
+fn residual(
+    pool: &ThreadPool,
+    x: &mut [f32],
+    o: &mut [f32],
+    e: usize,
+    m: usize,
+    norm: Option<&[f32]>,
+    eps: f32,
+) {
+    assert!(o.len() >= m * e, "partial outputs shorter than the rows");
+    let op = SendPtr::new(o.as_mut_ptr());
+    for_each_row(pool, x, e, e, m, &|t, xt| {
+        // SAFETY: row t of `o` (inside it, checked above) is touched only by this task.
+        let ot = unsafe { std::slice::from_raw_parts_mut(op.get().add(t * e), e) };
         if let Some(w) = norm {
             ops::rms_norm_inplace(ot, w, eps);
         }
-        for (xv, ov) in x[t * e..(t + 1) * e].iter_mut().zip(ot.iter()) {
+        for (xv, ov) in xt.iter_mut().zip(ot.iter()) {
             *xv += ov;
         }
-    }
+    });
 }
 
 /// Causal attention of one query head over cached positions `span`, with an online
