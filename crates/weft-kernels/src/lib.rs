@@ -1,6 +1,7 @@
 //! CPU compute for weft: quantized matvec/matmul per GGML block type, vector primitives,
 //! transformer ops, and the data plane's thread pool. Knows nothing of models or networks.
 
+pub mod activation;
 pub mod ops;
 pub mod pool;
 pub mod quant;

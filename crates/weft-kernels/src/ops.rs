@@ -50,6 +50,13 @@ impl Rope {
 
     /// Rotates one head vector (len ≥ n_rot) for position `pos`.
     pub fn apply(&self, head: &mut [f32], pos: usize) {
+        let n = head.len();
+        self.apply_heads(head, n, pos);
+    }
+
+    /// Rotates every head of `row` (heads `head_dim` apart) for position `pos`; each
+    /// angle's sine and cosine (in f64, for long contexts) is computed once for all heads.
+    pub fn apply_heads(&self, row: &mut [f32], head_dim: usize, pos: usize) {
         let half = self.n_rot / 2;
         for (i, &f) in self.inv_freq.iter().enumerate() {
             let (s, c) = (pos as f64 * f).sin_cos();
@@ -58,9 +65,11 @@ impl Rope {
                 RopeStyle::Normal => (2 * i, 2 * i + 1),
                 RopeStyle::Neox => (i, i + half),
             };
-            let (x0, x1) = (head[a], head[b]);
-            head[a] = x0 * c - x1 * s;
-            head[b] = x0 * s + x1 * c;
+            for head in row.chunks_exact_mut(head_dim) {
+                let (x0, x1) = (head[a], head[b]);
+                head[a] = x0 * c - x1 * s;
+                head[b] = x0 * s + x1 * c;
+            }
         }
     }
 }
@@ -79,31 +88,7 @@ pub fn softmax(x: &mut [f32]) {
     }
 }
 
-/// GELU, tanh approximation (Gemma's MLP activation).
-#[inline]
-pub fn gelu_tanh(x: f32) -> f32 {
-    const SQRT_2_OVER_PI: f32 = 0.797_884_6;
-    0.5 * x * (1.0 + (SQRT_2_OVER_PI * x * (1.0 + 0.044715 * x * x)).tanh())
-}
-
-/// SiLU (llama's MLP activation).
-#[inline]
-pub fn silu(x: f32) -> f32 {
-    x / (1.0 + (-x).exp())
-}
-
-/// gate[i] = act(gate[i]) · up[i], the gated MLP's middle.
-pub fn gated_activation(gate: &mut [f32], up: &[f32], gelu: bool) {
-    if gelu {
-        for (g, &u) in gate.iter_mut().zip(up) {
-            *g = gelu_tanh(*g) * u;
-        }
-    } else {
-        for (g, &u) in gate.iter_mut().zip(up) {
-            *g = silu(*g) * u;
-        }
-    }
-}
+pub use crate::activation::{gated_activation, gelu_tanh, silu};
 
 /// Final logit soft-capping: c · tanh(x / c).
 pub fn softcap(x: &mut [f32], cap: f32) {

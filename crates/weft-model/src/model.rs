@@ -421,21 +421,19 @@ impl Model {
         };
         let (attn_scale, eps) = (cfg.attn_scale, cfg.eps);
         for_each_row(pool, &mut ws.q, ql, ql, m, &|t, qt| {
-            for qh in qt.chunks_exact_mut(hd) {
-                if let Some(w) = &layer.q_norm {
-                    ops::rms_norm_inplace(qh, w, eps);
-                }
-                rope.apply(qh, pos0 + t);
-                vecops::scale(qh, attn_scale);
+            if let Some(w) = &layer.q_norm {
+                qt.chunks_exact_mut(hd)
+                    .for_each(|qh| ops::rms_norm_inplace(qh, w, eps));
             }
+            rope.apply_heads(qt, hd, pos0 + t);
+            vecops::scale(qt, attn_scale);
         });
         for_each_row(pool, &mut ws.k, kvl, kvl, m, &|t, kt| {
-            for kh in kt.chunks_exact_mut(hd) {
-                if let Some(w) = &layer.k_norm {
-                    ops::rms_norm_inplace(kh, w, eps);
-                }
-                rope.apply(kh, pos0 + t);
+            if let Some(w) = &layer.k_norm {
+                kt.chunks_exact_mut(hd)
+                    .for_each(|kh| ops::rms_norm_inplace(kh, w, eps));
             }
+            rope.apply_heads(kt, hd, pos0 + t);
         });
         let lkv = &mut kv.layers[li];
         for t in 0..m {

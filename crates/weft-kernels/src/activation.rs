@@ -1,0 +1,150 @@
+//! The gated MLP's middle, gate = act(gate) · up, with GELU-tanh (Gemma) or SiLU (llama),
+//! vectorized with AVX2: with libm's scalar tanhf it took a tenth of Gemma's prefill.
+
+use crate::vecops::has_avx2;
+
+const SQRT_2_OVER_PI: f32 = 0.797_884_6;
+
+/// GELU, tanh approximation (Gemma's MLP activation).
+#[inline]
+pub fn gelu_tanh(x: f32) -> f32 {
+    0.5 * x * (1.0 + (SQRT_2_OVER_PI * x * (1.0 + 0.044715 * x * x)).tanh())
+}
+
+/// SiLU (llama's MLP activation).
+#[inline]
+pub fn silu(x: f32) -> f32 {
+    x / (1.0 + (-x).exp())
+}
+
+/// gate[i] = act(gate[i]) · up[i].
+pub fn gated_activation(gate: &mut [f32], up: &[f32], gelu: bool) {
+    assert_eq!(gate.len(), up.len(), "gate and up lengths differ");
+    #[cfg(target_arch = "x86_64")]
+    if has_avx2() {
+        // SAFETY: AVX2 and FMA were detected at run time.
+        unsafe { avx2::gated(gate, up, gelu) };
+        return;
+    }
+    gated_scalar(gate, up, gelu);
+}
+
+/// The scalar reference, also the tail of the vector path.
+pub fn gated_scalar(gate: &mut [f32], up: &[f32], gelu: bool) {
+    let act = if gelu { gelu_tanh } else { silu };
+    for (g, &u) in gate.iter_mut().zip(up) {
+        *g = act(*g) * u;
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+mod avx2 {
+    use std::arch::x86_64::*;
+
+    /// e^x for 8 lanes, Cephes' expf polynomial (about 1 ulp on the range that matters).
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn exp(x: __m256) -> __m256 {
+        let x = _mm256_min_ps(
+            _mm256_max_ps(x, _mm256_set1_ps(-87.3)),
+            _mm256_set1_ps(88.3),
+        );
+        let n = _mm256_round_ps(
+            _mm256_mul_ps(x, _mm256_set1_ps(std::f32::consts::LOG2_E)),
+            _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC,
+        );
+        // r = x - n ln2, with ln2 split in two so the product is exact.
+        let r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693_359_4), x);
+        let r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.121_944_4e-4), r);
+        let mut p = _mm256_set1_ps(1.987_569_1e-4);
+        for c in [1.398_2e-3, 8.333_452e-3, 4.166_579_6e-2, 0.166_666_65, 0.5] {
+            p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(c));
+        }
+        let r2 = _mm256_mul_ps(r, r);
+        let y = _mm256_add_ps(_mm256_fmadd_ps(p, r2, r), _mm256_set1_ps(1.0));
+        let pow2n = _mm256_castsi256_ps(_mm256_slli_epi32::<23>(_mm256_add_epi32(
+            _mm256_cvtps_epi32(n),
+            _mm256_set1_epi32(127),
+        )));
+        _mm256_mul_ps(y, pow2n)
+    }
+
+    #[target_feature(enable = "avx2,fma")]
+    pub unsafe fn gated(gate: &mut [f32], up: &[f32], gelu: bool) {
+        let n = gate.len();
+        let (g, u) = (gate.as_mut_ptr(), up.as_ptr());
+        let one = _mm256_set1_ps(1.0);
+        let mut i = 0;
+        while i + 8 <= n {
+            let x = _mm256_loadu_ps(g.add(i));
+            // Both are x · sigmoid(z): GELU-tanh with z = 2·√(2/π)·(x + 0.044715 x³),
+            // since 0.5 (1 + tanh(z/2)) = sigmoid(z); SiLU with z = x.
+            let z = if gelu {
+                let x2 = _mm256_mul_ps(x, x);
+                let inner = _mm256_fmadd_ps(_mm256_set1_ps(0.044715), x2, one);
+                _mm256_mul_ps(
+                    _mm256_set1_ps(2.0 * super::SQRT_2_OVER_PI),
+                    _mm256_mul_ps(x, inner),
+                )
+            } else {
+                x
+            };
+            let e = exp(_mm256_sub_ps(_mm256_setzero_ps(), z));
+            let act = _mm256_div_ps(x, _mm256_add_ps(one, e));
+            _mm256_storeu_ps(g.add(i), _mm256_mul_ps(act, _mm256_loadu_ps(u.add(i))));
+            i += 8;
+        }
+        super::gated_scalar(&mut gate[i..], &up[i..], gelu);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The same formulas in f64: the oracle for both paths.
+    fn reference(x: f32, up: f32, gelu: bool) -> f64 {
+        let (x, up) = (x as f64, up as f64);
+        let a = if gelu {
+            let u = (2.0 / std::f64::consts::PI).sqrt() * x * (1.0 + 0.044715 * x * x);
+            0.5 * x * (1.0 + u.tanh())
+        } else {
+            x / (1.0 + (-x).exp())
+        };
+        a * up
+    }
+
+    #[test]
+    fn both_paths_match_an_f64_reference() {
+        for gelu in [true, false] {
+            let xs: Vec<f32> = (0..2003).map(|i| (i as f32 - 1000.0) * 0.013).collect();
+            let ups: Vec<f32> = (0..2003).map(|i| 1.0 + (i % 7) as f32 * 0.25).collect();
+            let mut scalar = xs.clone();
+            gated_scalar(&mut scalar, &ups, gelu);
+            let mut vector = xs.clone();
+            gated_activation(&mut vector, &ups, gelu);
+            for i in 0..xs.len() {
+                let want = reference(xs[i], ups[i], gelu);
+                // Relative to the value, plus the absolute slack the scalar GELU needs where
+                // tanh(u) is nearly -1 and 1 + tanh(u) cancels.
+                for (path, got, abs) in [("vector", vector[i], 1e-12), ("scalar", scalar[i], 2e-7)]
+                {
+                    let err = (got as f64 - want).abs();
+                    assert!(
+                        err <= 4e-6 * want.abs() + abs,
+                        "{path} gelu={gelu} x={}: {got} vs {want}",
+                        xs[i]
+                    );
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn extremes_stay_finite() {
+        let mut g = [-1e4f32, -90.0, 90.0, 1e4, 0.0, f32::MIN_POSITIVE];
+        gated_activation(&mut g, &[1.0; 6], true);
+        assert_eq!(g[0], 0.0);
+        assert_eq!(g[3], 1e4);
+        assert!(g.iter().all(|v| v.is_finite()), "{g:?}");
+    }
+}
