@@ -158,7 +158,17 @@ impl Group {
                 Err(e) => tracing::warn!("rank {rank}: accept failed: {e}"),
             }
         }
+        g.note_host_load();
         Ok(g)
+    }
+
+    /// Ranks on this host beyond its cores must yield while they wait (see `link::pause`).
+    fn note_host_load(&self) {
+        let local = 1 + self.peers.iter().flatten().filter(|p| p.same_clock).count();
+        let cores = std::thread::available_parallelism()
+            .map(|n| n.get())
+            .unwrap_or(1);
+        crate::link::set_oversubscribed(local > cores);
     }
 
     /// `n` ranks in this process, linked by in-memory rings (tests, single-process TP).

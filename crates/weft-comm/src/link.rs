@@ -1,6 +1,7 @@
 //! A link is a reliable byte stream to one peer with deadlines on every wait; framing and
 //! collectives sit above it. Also the adaptive spin-then-block policy the links share.
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use crate::error::Fault;
@@ -44,6 +45,27 @@ impl SpinPolicy {
         } else {
             (self.budget / 2).max(self.min)
         };
+    }
+}
+
+/// How long a waiter spins before it starts yielding its core between polls (ns). Yielding
+/// costs a syscall per poll, so it is only worth it when this host runs more ranks than it
+/// has cores (4 ranks on 2 vCPUs): then the rank being waited for may need our core.
+static PURE_SPIN_NS: AtomicU64 = AtomicU64::new(u64::MAX);
+
+/// Called when a group learns how many of its ranks share this host.
+pub fn set_oversubscribed(yes: bool) {
+    PURE_SPIN_NS.store(if yes { 2_000 } else { u64::MAX }, Ordering::Relaxed);
+}
+
+/// One poll-loop pause: a spin hint, or a yield of the core once spinning has gone on
+/// for the pure-spin time on an oversubscribed host.
+#[inline]
+pub fn pause(waited: Duration) {
+    if (waited.as_nanos() as u64) < PURE_SPIN_NS.load(Ordering::Relaxed) {
+        std::hint::spin_loop();
+    } else {
+        std::thread::yield_now();
     }
 }
 

@@ -248,8 +248,9 @@ impl RingLink {
                 }
                 left(deadline, self.timeout)?;
             }
-            if now.duration_since(start) < self.spin.budget() {
-                std::hint::spin_loop();
+            let waited = now.duration_since(start);
+            if waited < self.spin.budget() {
+                crate::link::pause(waited);
             } else {
                 spun_out = true;
                 std::thread::sleep(Duration::from_micros(20));

@@ -81,8 +81,9 @@ impl Link for TcpLink {
                 Ok(n) => got += n,
                 Err(e) if e.kind() == ErrorKind::WouldBlock => {
                     let start = *spin_from.get_or_insert_with(Instant::now);
-                    if !blocked && start.elapsed() < self.spin.budget() {
-                        std::hint::spin_loop();
+                    let waited = start.elapsed();
+                    if !blocked && waited < self.spin.budget() {
+                        crate::link::pause(waited);
                         continue;
                     }
                     blocked = true;

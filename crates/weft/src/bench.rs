@@ -13,7 +13,11 @@ use crate::paths::resolve_model;
 use crate::progress::{default_threads, load_engine};
 
 #[derive(Args, Debug)]
+#[command(args_conflicts_with_subcommands = true)]
 pub struct BenchArgs {
+    /// Benchmark something other than the model.
+    #[command(subcommand)]
+    pub what: Option<BenchWhat>,
     #[arg(long)]
     pub model: Option<PathBuf>,
     #[arg(long, short = 't')]
@@ -33,7 +37,21 @@ pub struct BenchArgs {
     pub json: bool,
 }
 
+#[derive(clap::Subcommand, Debug)]
+pub enum BenchWhat {
+    /// All-reduce latency, ping-pong and bandwidth between local ranks (processes).
+    Comm(crate::bench_comm::CommBenchArgs),
+    /// One rank of `bench comm` (started by it).
+    #[command(hide = true)]
+    CommRank(crate::bench_comm::CommRankArgs),
+}
+
 pub fn run(a: BenchArgs) -> Result<()> {
+    match a.what {
+        Some(BenchWhat::Comm(c)) => return crate::bench_comm::run(c),
+        Some(BenchWhat::CommRank(c)) => return crate::bench_comm::run_rank(c),
+        None => {}
+    }
     let path = resolve_model(a.model.clone())?;
     let threads = a.threads.unwrap_or_else(default_threads).max(1);
     let n_ctx = (a.prefill + a.decode + 8).max(64);

@@ -1,6 +1,7 @@
 //! The weft command line: run, pull, perplexity, bench, inspect.
 
 mod bench;
+mod bench_comm;
 mod cli_run;
 mod inspect;
 mod paths;
