@@ -62,34 +62,64 @@ impl Group {
     /// Element-wise sum with the payload sent as `wire` (f16/bf16 halve the bytes; each
     /// rank's contribution is rounded to that format before summing).
     pub fn all_reduce_sum_as(&mut self, buf: &mut [f32], wire: Wire) -> Result<(), CommError> {
+        let everyone = std::mem::take(&mut self.everyone);
+        let r = self.all_reduce_sum_in(&everyone, buf, wire);
+        self.everyone = everyone;
+        r
+    }
+
+    /// All-reduce among `members` only (ascending ranks, ours among them): the tensor-
+    /// parallel group of one pipeline stage inside a larger group.
+    pub fn all_reduce_sum_in(
+        &mut self,
+        members: &[usize],
+        buf: &mut [f32],
+        wire: Wire,
+    ) -> Result<(), CommError> {
         self.check()?;
-        if self.size() == 1 {
+        let me = self.rank();
+        let Some(pos) = members.iter().position(|&m| m == me) else {
+            return Err(CommError::Config(format!(
+                "rank {me} is not among the members {members:?}"
+            )));
+        };
+        if members.iter().any(|&m| m >= self.size()) || members.windows(2).any(|w| w[0] >= w[1]) {
+            return Err(CommError::Config(format!(
+                "members {members:?} must be ascending ranks of the group"
+            )));
+        }
+        if members.len() == 1 {
             return Ok(());
         }
-        if wire == Wire::F32 && buf.len() * 4 >= RING_FROM && buf.len() >= self.size() {
-            self.ring_all_reduce(buf)
+        if wire == Wire::F32 && buf.len() * 4 >= RING_FROM && buf.len() >= members.len() {
+            self.ring_all_reduce(members, pos, buf)
         } else {
-            self.direct_all_reduce(buf, wire)
+            self.direct_all_reduce(members, buf, wire)
         }
     }
 
-    /// Everyone sends everything to everyone, then each rank sums in rank order.
-    fn direct_all_reduce(&mut self, buf: &mut [f32], wire: Wire) -> Result<(), CommError> {
-        let (n, me, size) = (buf.len(), self.rank(), self.size());
+    /// Every member sends everything to every other, then each sums in rank order.
+    fn direct_all_reduce(
+        &mut self,
+        members: &[usize],
+        buf: &mut [f32],
+        wire: Wire,
+    ) -> Result<(), CommError> {
+        let (n, me) = (buf.len(), self.rank());
         let width = if wire == Wire::F32 { 4 } else { 2 };
         let words = (n * width).div_ceil(4);
         let mut scratch = std::mem::take(&mut self.scratch);
-        for s in scratch.iter_mut() {
-            s.resize(words, 0.0);
+        for &m in members {
+            scratch[m].resize(words, 0.0);
         }
         encode(buf, wire, as_bytes_mut(&mut scratch[me]));
         let res = (|| {
             let nbytes = n * width;
             for i in 0..segments(nbytes) {
-                for p in (0..size).filter(|&p| p != me) {
+                for &p in members.iter().filter(|&&p| p != me) {
                     self.send_frame(p, segment(&as_bytes(&scratch[me])[..nbytes], i))?;
                 }
-                for p in (0..size).filter(|&p| p != me) {
+                for &p in members.iter().filter(|&&p| p != me) {
                     let lo = i * SEGMENT;
                     let hi = ((i + 1) * SEGMENT).min(nbytes);
                     self.recv_frame(p, &mut as_bytes_mut(&mut scratch[p])[lo..hi])?;
@@ -99,8 +129,8 @@ impl Group {
         })();
         if res.is_ok() {
             buf.fill(0.0);
-            for part in scratch.iter().take(size) {
-                add_decoded(buf, wire, &as_bytes(part)[..n * width]);
+            for &m in members {
+                add_decoded(buf, wire, &as_bytes(&scratch[m])[..n * width]);
             }
         }
         self.scratch = scratch;
@@ -108,13 +138,18 @@ impl Group {
     }
 
     /// Ring reduce-scatter then ring all-gather; chunk c is summed once along the ring and
-    /// then copied, so every rank ends with the same bits.
-    fn ring_all_reduce(&mut self, buf: &mut [f32]) -> Result<(), CommError> {
-        let (n, me, size) = (buf.len(), self.rank(), self.size());
-        let next = (me + 1) % size;
-        let prev = (me + size - 1) % size;
+    /// then copied, so every member ends with the same bits.
+    fn ring_all_reduce(
+        &mut self,
+        members: &[usize],
+        me: usize,
+        buf: &mut [f32],
+    ) -> Result<(), CommError> {
+        let (n, size) = (buf.len(), members.len());
+        let next = members[(me + 1) % size];
+        let prev = members[(me + size - 1) % size];
         let chunk = |c: usize| c * n / size..(c + 1) * n / size;
-        let mut tmp = std::mem::take(&mut self.scratch[0]);
+        let mut tmp = std::mem::take(&mut self.ring_tmp);
         tmp.resize(n / size + 1, 0.0);
         let res = (|| {
             for s in 0..size - 1 {
@@ -134,7 +169,7 @@ impl Group {
             }
             Ok(())
         })();
-        self.scratch[0] = tmp;
+        self.ring_tmp = tmp;
         res
     }
 

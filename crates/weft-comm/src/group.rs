@@ -91,6 +91,8 @@ pub struct Group {
     pub(crate) send_buf: Vec<u8>,
     pub(crate) scratch: Vec<Vec<f32>>,
     pub(crate) counts: Vec<usize>,
+    pub(crate) everyone: Vec<usize>,
+    pub(crate) ring_tmp: Vec<f32>,
     pub(crate) topk_send: Vec<u8>,
     pub(crate) topk_recv: Vec<u8>,
 }
@@ -196,6 +198,8 @@ impl Group {
             send_buf: Vec::new(),
             scratch: (0..size).map(|_| Vec::new()).collect(),
             counts: Vec::new(),
+            everyone: (0..size).collect(),
+            ring_tmp: Vec::new(),
             topk_send: Vec::new(),
             topk_recv: Vec::new(),
         }

@@ -3,17 +3,17 @@
 
 use std::path::Path;
 use std::sync::Arc;
-use std::time::Instant;
 
 use weft_gguf::GgufFile;
 use weft_kernels::ThreadPool;
-use weft_tokenizer::{StreamDecoder, Tokenizer};
+use weft_tokenizer::Tokenizer;
 
 use crate::collective::Identity;
 use crate::error::ModelError;
+use crate::generate::{generate, Backend};
 use crate::kv::KvCache;
 use crate::model::{Logits, Model, DEFAULT_UBATCH};
-use crate::sampler::{logprob_of, top_logprobs, Sampler, SamplingParams};
+use crate::sampler::{logprob_of, SamplingParams};
 use crate::shard::ShardSpec;
 use crate::vocab::tokenizer_from_gguf;
 
@@ -145,94 +145,13 @@ impl Engine {
         req: &GenerateRequest,
         on_text: &mut dyn FnMut(&str),
     ) -> Result<Generated, ModelError> {
-        req.sampling.validate().map_err(ModelError::Invalid)?;
-        if req.prompt_ids.is_empty() {
-            return Err(ModelError::Invalid("the prompt is empty".into()));
-        }
-        if req.prompt_ids.len() >= self.n_ctx() {
-            return Err(ModelError::Invalid(format!(
-                "the prompt has {} tokens; the context holds {}",
-                req.prompt_ids.len(),
-                self.n_ctx()
-            )));
-        }
-        let t0 = Instant::now();
-        self.prefill(&req.prompt_ids)?;
-        let prefill_secs = t0.elapsed().as_secs_f64();
-        let mut sampler = Sampler::new(req.sampling.clone());
-        let mut history = req.prompt_ids.clone();
-        let mut stream = StreamDecoder::new(&self.tokenizer);
-        let mut stops = StopScanner::new(&req.stop);
-        let mut out = Generated {
-            token_ids: Vec::new(),
-            text: String::new(),
-            finish: FinishReason::Length,
-            logprobs: Vec::new(),
-            prefill_tokens: req.prompt_ids.len(),
-            prefill_secs,
-            decode_steps: 0,
-            decode_secs: 0.0,
+        let mut local = LocalBackend {
+            model: &mut self.model,
+            kv: &mut self.kv,
+            pool: &self.pool,
+            logits: &mut self.logits,
         };
-        let t1 = Instant::now();
-        let budget = req.max_tokens.min(self.n_ctx() - req.prompt_ids.len());
-        while out.token_ids.len() < budget {
-            let n = self.model.vocab_range().len();
-            let at = self.logits.len() - n;
-            let logits = &mut self.logits[at..];
-            if req.logprobs > 0 {
-                // Before penalties: the model's own distribution.
-                let top = top_logprobs(logits, req.logprobs);
-                out.logprobs.push((0.0, top));
-            }
-            let raw_best = if req.logprobs > 0 {
-                Some(logits.to_vec())
-            } else {
-                None
-            };
-            let tok = sampler.sample(logits, &history);
-            if let (Some(raw), Some(last)) = (raw_best, out.logprobs.last_mut()) {
-                last.0 = logprob_of(&raw, tok);
-            }
-            if self.tokenizer.is_eog(tok) {
-                if req.logprobs > 0 {
-                    out.logprobs.pop();
-                }
-                out.finish = FinishReason::Stop;
-                break;
-            }
-            out.token_ids.push(tok);
-            history.push(tok);
-            let piece = stream.push(tok);
-            let (emit, hit) = stops.feed(&piece);
-            out.text.push_str(&emit);
-            on_text(&emit);
-            if hit {
-                out.finish = FinishReason::Stop;
-                break;
-            }
-            if out.token_ids.len() >= budget {
-                break;
-            }
-            // Field-wise borrow: the stream decoder holds the tokenizer.
-            self.model.forward(
-                &[tok],
-                &mut self.kv,
-                &mut Identity,
-                &self.pool,
-                Logits::Last,
-                &mut self.logits,
-            )?;
-            out.decode_steps += 1;
-        }
-        if out.finish == FinishReason::Length {
-            let rest = stream.finish();
-            let (mut emit, _) = stops.feed(&rest);
-            emit.push_str(&stops.flush());
-            out.text.push_str(&emit);
-            on_text(&emit);
-        }
-        out.decode_secs = t1.elapsed().as_secs_f64();
-        Ok(out)
+        generate(&mut local, &self.tokenizer, req, on_text)
     }
 
     /// Perplexity of `tokens` as llama-perplexity computes it: non-overlapping chunks of
@@ -282,69 +201,41 @@ impl Engine {
     }
 }
 
-/// Finds stop sequences in streamed text, holding back any tail that might begin one.
-struct StopScanner<'a> {
-    stops: &'a [String],
-    pending: String,
+/// A whole model on this node as a generation backend.
+struct LocalBackend<'a> {
+    model: &'a mut Model,
+    kv: &'a mut KvCache,
+    pool: &'a ThreadPool,
+    logits: &'a mut Vec<f32>,
 }
 
-impl<'a> StopScanner<'a> {
-    fn new(stops: &'a [String]) -> Self {
-        StopScanner {
-            stops,
-            pending: String::new(),
-        }
-    }
-
-    /// Adds `piece`; returns the text safe to emit and whether a stop sequence was hit
-    /// (the stop sequence itself and anything after it are dropped).
-    fn feed(&mut self, piece: &str) -> (String, bool) {
-        self.pending.push_str(piece);
-        let hit = self
-            .stops
-            .iter()
-            .filter(|s| !s.is_empty())
-            .filter_map(|s| self.pending.find(s.as_str()))
-            .min();
-        if let Some(at) = hit {
-            let emit = self.pending[..at].to_string();
-            self.pending.clear();
-            return (emit, true);
-        }
-        // Hold back the longest suffix that is a proper prefix of a stop sequence.
-        let mut keep = 0;
-        for s in self.stops {
-            for (i, _) in s.char_indices().skip(1) {
-                if self.pending.ends_with(&s[..i]) {
-                    keep = keep.max(i);
-                }
-            }
-        }
-        let cut = self.pending.len() - keep;
-        let emit = self.pending[..cut].to_string();
-        self.pending.drain(..cut);
-        (emit, false)
-    }
-
-    fn flush(&mut self) -> String {
-        std::mem::take(&mut self.pending)
+impl LocalBackend<'_> {
+    fn step(&mut self, tokens: &[u32]) -> Result<(), ModelError> {
+        self.model.forward(
+            tokens,
+            self.kv,
+            &mut Identity,
+            self.pool,
+            Logits::Last,
+            self.logits,
+        )
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn stop_scanner_holds_back_prefixes() {
-        let stops = vec!["END".to_string()];
-        let mut s = StopScanner::new(&stops);
-        assert_eq!(s.feed("abc E"), ("abc ".to_string(), false));
-        assert_eq!(s.feed("N"), (String::new(), false));
-        assert_eq!(s.feed("Dx"), (String::new(), true));
-        let mut s = StopScanner::new(&stops);
-        assert_eq!(s.feed("EN"), (String::new(), false));
-        assert_eq!(s.feed("o"), ("ENo".to_string(), false));
-        assert_eq!(s.flush(), "");
+impl Backend for LocalBackend<'_> {
+    fn n_ctx(&self) -> usize {
+        self.kv.n_ctx
+    }
+    fn prefill(&mut self, prompt: &[u32]) -> Result<(), ModelError> {
+        self.kv.clear();
+        self.step(prompt)
+    }
+    fn decode(&mut self, token: u32) -> Result<(), ModelError> {
+        self.step(&[token])
+    }
+    fn logits(&mut self) -> &mut [f32] {
+        let n = self.model.vocab_range().len();
+        let at = self.logits.len() - n;
+        &mut self.logits[at..]
     }
 }

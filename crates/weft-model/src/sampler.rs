@@ -164,13 +164,7 @@ pub fn argmax(logits: &[f32]) -> u32 {
 
 /// The `k` most likely tokens with their log-probabilities (natural log), best first.
 pub fn top_logprobs(logits: &[f32], k: usize) -> Vec<(u32, f32)> {
-    let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-    let lse = max
-        + logits
-            .iter()
-            .map(|&l| ((l - max) as f64).exp())
-            .sum::<f64>()
-            .ln() as f32;
+    let lse = log_sum_exp(logits);
     let mut idx: Vec<u32> = (0..logits.len() as u32).collect();
     let k = k.min(idx.len());
     if k == 0 {
@@ -191,14 +185,20 @@ pub fn top_logprobs(logits: &[f32], k: usize) -> Vec<(u32, f32)> {
 
 /// Log-probability of one token.
 pub fn logprob_of(logits: &[f32], id: u32) -> f32 {
+    logits[id as usize] - log_sum_exp(logits)
+}
+
+/// log Σ exp(l), computed around the maximum so it neither overflows nor underflows.
+pub fn log_sum_exp(logits: &[f32]) -> f32 {
     let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-    let lse = max
-        + logits
-            .iter()
-            .map(|&l| ((l - max) as f64).exp())
-            .sum::<f64>()
-            .ln() as f32;
-    logits[id as usize] - lse
+    if max == f32::NEG_INFINITY {
+        return max;
+    }
+    max + logits
+        .iter()
+        .map(|&l| ((l - max) as f64).exp())
+        .sum::<f64>()
+        .ln() as f32
 }
 
 #[cfg(test)]
