@@ -53,6 +53,10 @@ pub struct GroupOptions {
     pub peer_delays: BTreeMap<usize, Duration>,
     /// The largest frame accepted; anything longer is malformed.
     pub max_frame: usize,
+    /// Ranks that block instead of spinning while they wait (a coordinator that is idle
+    /// most of a step); they do not count towards this host's load, and with `Auto` their
+    /// links are TCP.
+    pub passive: Vec<usize>,
 }
 
 impl Default for GroupOptions {
@@ -66,6 +70,7 @@ impl Default for GroupOptions {
             delay: Duration::ZERO,
             peer_delays: BTreeMap::new(),
             max_frame: 1 << 20,
+            passive: Vec::new(),
         }
     }
 }
@@ -166,7 +171,14 @@ impl Group {
 
     /// Ranks on this host beyond its cores must yield while they wait (see `link::pause`).
     fn note_host_load(&self) {
-        let local = 1 + self.peers.iter().flatten().filter(|p| p.same_clock).count();
+        let busy = |r: usize| !self.opts.passive.contains(&r);
+        let local = usize::from(busy(self.rank))
+            + self
+                .peers
+                .iter()
+                .flatten()
+                .filter(|p| p.same_clock && busy(p.rank))
+                .count();
         let cores = std::thread::available_parallelism()
             .map(|n| n.get())
             .unwrap_or(1);
@@ -273,7 +285,11 @@ impl Group {
             },
         )?;
         let same_host = hello.host == me.host;
+        // A passive rank blocks while it waits: in poll(2) on TCP it is truly idle, where
+        // napping on a ring would wake it thousands of times a second on a busy core.
+        let passive = self.opts.passive.contains(&j) || self.opts.passive.contains(&self.rank);
         let use_shm = match self.opts.transport {
+            _ if passive && self.opts.transport != TransportKind::Shm => false,
             TransportKind::Tcp => false,
             TransportKind::Auto => same_host,
             TransportKind::Shm if same_host => true,

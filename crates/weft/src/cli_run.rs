@@ -49,28 +49,19 @@ pub struct RunArgs {
     /// With --json: the K most likely tokens and their logprobs for each generated token.
     #[arg(long, default_value_t = 0)]
     pub logprobs: usize,
+    #[command(flatten)]
+    pub layout: crate::cluster_cli::LayoutArgs,
 }
 
 pub fn run(a: RunArgs) -> Result<()> {
     let path = resolve_model(a.model.clone())?;
     let threads = a.threads.unwrap_or_else(default_threads).max(1);
+    if a.layout.is_cluster() {
+        return run_cluster(&a, &path);
+    }
     let (mut engine, load_s) = load_engine(&path, threads, a.ctx)?;
     let prompt_ids = engine.tokenizer.encode(&a.prompt, true, true);
-    let req = GenerateRequest {
-        prompt_ids: prompt_ids.clone(),
-        max_tokens: a.max_tokens,
-        sampling: SamplingParams {
-            temperature: a.temperature,
-            top_k: a.top_k,
-            top_p: a.top_p,
-            min_p: a.min_p,
-            repeat_penalty: a.repeat_penalty,
-            repeat_last_n: 64,
-            seed: a.seed,
-        },
-        stop: a.stop.clone(),
-        logprobs: a.logprobs,
-    };
+    let req = request(&a, prompt_ids.clone());
     let stdout = std::io::stdout();
     let json_mode = a.json;
     let g = engine
@@ -82,7 +73,63 @@ pub fn run(a: RunArgs) -> Result<()> {
             }
         })
         .context("generation failed")?;
-    if json_mode {
+    let extra = json!({"load_s": load_s, "threads": threads});
+    report(
+        &a,
+        &prompt_ids,
+        &g,
+        extra,
+        &format!("load {load_s:.2}s, {threads} threads"),
+    );
+    Ok(())
+}
+
+/// The same generation across a cluster: local nodes (--nodes) or running ones (--peers).
+fn run_cluster(a: &RunArgs, path: &std::path::Path) -> Result<()> {
+    let t0 = std::time::Instant::now();
+    let top_k = 64.max(a.top_k).max(a.logprobs);
+    let mut c = crate::cluster_cli::open(&a.layout, path, a.ctx, top_k, a.logprobs > 0)?;
+    let setup_s = t0.elapsed().as_secs_f64();
+    let prompt_ids = c.tokenizer.encode(&a.prompt, true, true);
+    let req = request(a, prompt_ids.clone());
+    let stdout = std::io::stdout();
+    let json_mode = a.json;
+    let g = weft_model::generate(&mut c.cluster, &c.tokenizer, &req, &mut |piece| {
+        if !json_mode {
+            let mut o = stdout.lock();
+            let _ = o.write_all(piece.as_bytes());
+            let _ = o.flush();
+        }
+    })
+    .context("generation across the cluster failed")?;
+    let stats = c.cluster.stop().map_err(|e| anyhow::anyhow!(e))?;
+    let l = c.cluster.layout().clone();
+    let extra = json!({
+        "setup_s": setup_s,
+        "nodes": c.peers,
+        "tp": l.tp,
+        "pp": l.pp,
+        "layers": l.layers.iter().map(|r| [r.start, r.end]).collect::<Vec<_>>(),
+        "node_stats": stats,
+    });
+    let what = format!(
+        "{} nodes, TP {} x PP {}, setup {setup_s:.2}s",
+        c.peers.len(),
+        l.tp,
+        l.pp
+    );
+    report(a, &prompt_ids, &g, extra, &what);
+    Ok(())
+}
+
+fn report(
+    a: &RunArgs,
+    prompt_ids: &[u32],
+    g: &weft_model::Generated,
+    extra: serde_json::Value,
+    what: &str,
+) {
+    if a.json {
         let mut v = json!({
             "prompt_ids": prompt_ids,
             "token_ids": g.token_ids,
@@ -90,9 +137,10 @@ pub fn run(a: RunArgs) -> Result<()> {
             "finish_reason": g.finish.as_str(),
             "prefill_tok_s": g.prefill_tok_s(),
             "decode_tok_s": g.decode_tok_s(),
-            "load_s": load_s,
-            "threads": threads,
         });
+        if let (Some(o), Some(e)) = (v.as_object_mut(), extra.as_object()) {
+            o.extend(e.clone());
+        }
         if a.logprobs > 0 {
             v["top_logprobs"] = json!(g
                 .logprobs
@@ -108,13 +156,29 @@ pub fn run(a: RunArgs) -> Result<()> {
     } else {
         println!();
         eprintln!(
-            "prefill: {} tokens, {:.1} tok/s | decode: {} tokens, {:.1} tok/s | load {:.2}s, {threads} threads",
+            "prefill: {} tokens, {:.1} tok/s | decode: {} tokens, {:.1} tok/s | {what}",
             g.prefill_tokens,
             g.prefill_tok_s(),
             g.token_ids.len(),
             g.decode_tok_s(),
-            load_s
         );
     }
-    Ok(())
+}
+
+fn request(a: &RunArgs, prompt_ids: Vec<u32>) -> GenerateRequest {
+    GenerateRequest {
+        prompt_ids,
+        max_tokens: a.max_tokens,
+        sampling: SamplingParams {
+            temperature: a.temperature,
+            top_k: a.top_k,
+            top_p: a.top_p,
+            min_p: a.min_p,
+            repeat_penalty: a.repeat_penalty,
+            repeat_last_n: 64,
+            seed: a.seed,
+        },
+        stop: a.stop.clone(),
+        logprobs: a.logprobs,
+    }
 }

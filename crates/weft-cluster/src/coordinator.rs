@@ -1,0 +1,331 @@
+//! The coordinator: connects to nodes, sends each its part of the plan, joins the data-plane
+//! group as rank 0, and runs sequences as a generation `Backend`: it sends each step's
+//! tokens, gathers the last stage's top-k replies, and samples. Only it sees logits.
+
+use std::net::TcpStream;
+use std::time::Duration;
+
+use serde::Serialize;
+use weft_comm::{CommError, Group};
+use weft_model::{Backend, ModelError};
+
+use crate::control::{self, FromNode, NodePlan, ToNode};
+use crate::layout::Layout;
+use crate::node::group_options;
+use crate::step::{reply_bytes, StepHeader, KIND_RUN, KIND_STOP, STATS_BYTES};
+
+#[derive(Clone, Debug)]
+pub struct ClusterOptions {
+    pub secret: Vec<u8>,
+    /// The model path sent to nodes (a node started with `--model` uses its own).
+    pub model: String,
+    pub n_vocab: usize,
+    pub n_ctx: usize,
+    pub ubatch: usize,
+    pub threads_per_node: usize,
+    pub transport: String,
+    pub link_delay_us: f64,
+    /// Deadline of every data-plane wait; a lost node is reported within about this.
+    pub timeout: Duration,
+    /// Candidates each last-stage rank sends per step (sampling sees these).
+    pub top_k: usize,
+    /// Whether log-probabilities will be asked for (ranks then send their normalizers).
+    pub logprobs: bool,
+}
+
+/// What one node reported when the cluster stopped.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct NodeStats {
+    pub addr: String,
+    pub compute_secs: f64,
+    pub comm_secs: f64,
+    pub idle_secs: f64,
+    pub steps: u64,
+    pub syncs: u64,
+    pub peak_rss_bytes: u64,
+    pub shard_bytes: u64,
+    pub load_rss_bytes: u64,
+}
+
+pub struct Cluster {
+    group: Group,
+    layout: Layout,
+    peers: Vec<String>,
+    /// Control connections, held open for the session.
+    _controls: Vec<TcpStream>,
+    shard_bytes: Vec<u64>,
+    load_rss: Vec<u64>,
+    opts: ClusterOptions,
+    pos: usize,
+    logits: Vec<f32>,
+    set: Vec<u32>,
+    log_norm: f32,
+    reply: Vec<u8>,
+    id_bytes: Vec<u8>,
+    stopped: bool,
+}
+
+impl Cluster {
+    /// Sends every node (`peers[i]` is node i of `layout`) its plan and forms the group.
+    pub fn connect(
+        peers: &[String],
+        layout: Layout,
+        opts: ClusterOptions,
+    ) -> Result<Cluster, String> {
+        if peers.len() != layout.nodes() {
+            return Err(format!(
+                "{} peers for a layout of {} nodes",
+                peers.len(),
+                layout.nodes()
+            ));
+        }
+        let stages = layout.stage_ranks();
+        let mut controls = Vec::new();
+        for (i, addr) in peers.iter().enumerate() {
+            let mut c = control::dial(addr, &opts.secret, Duration::from_secs(10))
+                .map_err(|e| format!("node {addr}: {e}"))?;
+            let stage = i / layout.tp;
+            let plan = NodePlan {
+                model: opts.model.clone(),
+                rank: i + 1,
+                group_size: peers.len() + 1,
+                stage,
+                stages: stages.clone(),
+                layers: (layout.layers[stage].start, layout.layers[stage].end),
+                tp_rank: i % layout.tp,
+                tp_weights: layout.tp_weights.clone(),
+                threads: opts.threads_per_node,
+                n_ctx: opts.n_ctx,
+                ubatch: opts.ubatch,
+                transport: opts.transport.clone(),
+                link_delay_us: opts.link_delay_us,
+                timeout_ms: opts.timeout.as_millis() as u64,
+            };
+            control::send(&mut c, &ToNode::Plan(Box::new(plan)))
+                .map_err(|e| format!("node {addr}: {e}"))?;
+            controls.push(c);
+        }
+        let mut addrs = vec![String::new()];
+        let (mut shard_bytes, mut load_rss) = (Vec::new(), Vec::new());
+        for (c, addr) in controls.iter_mut().zip(peers) {
+            match control::recv::<FromNode>(c, Duration::from_secs(120))
+                .map_err(|e| format!("node {addr}: {e}"))?
+            {
+                FromNode::Ready {
+                    data_addr,
+                    shard_bytes: b,
+                    rss_bytes,
+                } => {
+                    addrs.push(data_addr);
+                    shard_bytes.push(b);
+                    load_rss.push(rss_bytes);
+                }
+                FromNode::Failed { error } => return Err(format!("node {addr}: {error}")),
+            }
+        }
+        // Our own data listener, reachable by the nodes at the address we reach them from.
+        let ip = controls[0].local_addr().map_err(|e| e.to_string())?.ip();
+        let listener = weft_comm::bind(&format!("{ip}:0")).map_err(|e| e.to_string())?;
+        addrs[0] = listener
+            .local_addr()
+            .map_err(|e| e.to_string())?
+            .to_string();
+        for (c, addr) in controls.iter_mut().zip(peers) {
+            control::send(
+                c,
+                &ToNode::Go {
+                    addrs: addrs.clone(),
+                },
+            )
+            .map_err(|e| format!("node {addr}: {e}"))?;
+        }
+        let plan_like = NodePlan {
+            model: String::new(),
+            rank: 0,
+            group_size: addrs.len(),
+            stage: 0,
+            stages: stages.clone(),
+            layers: (0, 0),
+            tp_rank: 0,
+            tp_weights: vec![],
+            threads: 1,
+            n_ctx: opts.n_ctx,
+            ubatch: opts.ubatch,
+            transport: opts.transport.clone(),
+            link_delay_us: opts.link_delay_us,
+            timeout_ms: opts.timeout.as_millis() as u64,
+        };
+        let gopts = group_options(&plan_like, opts.secret.clone())?;
+        let group = Group::with_listener(0, &addrs, listener, gopts).map_err(|e| e.to_string())?;
+        Ok(Cluster {
+            group,
+            layout,
+            peers: peers.to_vec(),
+            _controls: controls,
+            shard_bytes,
+            load_rss,
+            logits: vec![f32::NEG_INFINITY; opts.n_vocab],
+            set: Vec::new(),
+            log_norm: 0.0,
+            reply: Vec::new(),
+            id_bytes: Vec::new(),
+            opts,
+            pos: 0,
+            stopped: false,
+        })
+    }
+
+    pub fn layout(&self) -> &Layout {
+        &self.layout
+    }
+
+    /// Names the node behind a data-plane error.
+    fn lost(&self, e: CommError) -> ModelError {
+        let who = e
+            .lost_rank()
+            .filter(|&r| r >= 1 && r <= self.peers.len())
+            .map(|r| format!("node {} (rank {r})", self.peers[r - 1]));
+        ModelError::Collective(match who {
+            Some(w) => format!("{w} was lost: {e}"),
+            None => e.to_string(),
+        })
+    }
+
+    fn run(&mut self, tokens: &[u32], pos0: usize) -> Result<(), ModelError> {
+        if pos0 + tokens.len() > self.opts.n_ctx {
+            return Err(ModelError::Invalid(format!(
+                "{} tokens exceed the {}-token context",
+                pos0 + tokens.len(),
+                self.opts.n_ctx
+            )));
+        }
+        let k = self.opts.top_k.min(self.opts.n_vocab).max(1);
+        let h = StepHeader {
+            kind: KIND_RUN,
+            n_tokens: tokens.len() as u32,
+            pos0: pos0 as u32,
+            want_logits: 1,
+            top_k: k as u32,
+            want_norm: u32::from(self.opts.logprobs),
+        }
+        .encode();
+        self.id_bytes.clear();
+        for t in tokens {
+            self.id_bytes.extend_from_slice(&t.to_le_bytes());
+        }
+        let ids = std::mem::take(&mut self.id_bytes);
+        let sent = (|| {
+            for r in 1..=self.peers.len() {
+                self.group.send(r, &h)?;
+                self.group.send(r, &ids)?;
+            }
+            Ok(())
+        })();
+        self.id_bytes = ids;
+        sent.map_err(|e| self.lost(e))?;
+        // Clear the previous step's candidates, then merge this step's replies.
+        for &i in &self.set {
+            self.logits[i as usize] = f32::NEG_INFINITY;
+        }
+        self.set.clear();
+        let last = self.layout.stage_ranks().pop().unwrap_or_default();
+        self.reply.resize(reply_bytes(k), 0);
+        let mut norms = Vec::with_capacity(last.len());
+        for r in last {
+            let mut reply = std::mem::take(&mut self.reply);
+            let got = self.group.recv(r, &mut reply);
+            if let Err(e) = got {
+                self.reply = reply;
+                return Err(self.lost(e));
+            }
+            for c in reply[..k * 8].chunks_exact(8) {
+                let id = u32::from_le_bytes([c[0], c[1], c[2], c[3]]);
+                let v = f32::from_le_bytes([c[4], c[5], c[6], c[7]]);
+                if (id as usize) < self.logits.len() {
+                    self.logits[id as usize] = v;
+                    self.set.push(id);
+                }
+            }
+            let z = &reply[k * 8..k * 8 + 4];
+            norms.push(f32::from_le_bytes([z[0], z[1], z[2], z[3]]));
+            self.reply = reply;
+        }
+        self.log_norm = weft_model::sampler::log_sum_exp(&norms);
+        // Keep only the best k overall, as one node would see them.
+        if self.set.len() > k {
+            let lg = &self.logits;
+            self.set.sort_unstable_by(|a, b| {
+                lg[*b as usize].total_cmp(&lg[*a as usize]).then(a.cmp(b))
+            });
+            for &i in &self.set[k..] {
+                self.logits[i as usize] = f32::NEG_INFINITY;
+            }
+            self.set.truncate(k);
+        }
+        self.pos = pos0 + tokens.len();
+        Ok(())
+    }
+
+    /// Stops every node's session and returns what each reported.
+    pub fn stop(&mut self) -> Result<Vec<NodeStats>, String> {
+        self.stopped = true;
+        let h = StepHeader {
+            kind: KIND_STOP,
+            n_tokens: 0,
+            pos0: 0,
+            want_logits: 0,
+            top_k: 0,
+            want_norm: 0,
+        }
+        .encode();
+        let mut out = Vec::new();
+        for r in 1..=self.peers.len() {
+            self.group.send(r, &h).map_err(|e| e.to_string())?;
+        }
+        for r in 1..=self.peers.len() {
+            let mut b = [0u8; STATS_BYTES];
+            self.group.recv(r, &mut b).map_err(|e| e.to_string())?;
+            let f = |i: usize| f64::from_le_bytes(b[i * 8..i * 8 + 8].try_into().unwrap_or([0; 8]));
+            let u = |i: usize| u64::from_le_bytes(b[i * 8..i * 8 + 8].try_into().unwrap_or([0; 8]));
+            out.push(NodeStats {
+                addr: self.peers[r - 1].clone(),
+                compute_secs: f(0),
+                comm_secs: f(1),
+                idle_secs: f(2),
+                steps: u(3),
+                syncs: u(4),
+                peak_rss_bytes: u(5),
+                shard_bytes: self.shard_bytes[r - 1],
+                load_rss_bytes: self.load_rss[r - 1],
+            });
+        }
+        Ok(out)
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        if !self.stopped {
+            let _ = self.stop();
+        }
+    }
+}
+
+impl Backend for Cluster {
+    fn n_ctx(&self) -> usize {
+        self.opts.n_ctx
+    }
+    fn prefill(&mut self, prompt: &[u32]) -> Result<(), ModelError> {
+        self.run(prompt, 0)
+    }
+    fn decode(&mut self, token: u32) -> Result<(), ModelError> {
+        let p = self.pos;
+        self.run(&[token], p)
+    }
+    fn logits(&mut self) -> &mut [f32] {
+        &mut self.logits
+    }
+    fn log_normalizer(&self) -> Option<f32> {
+        self.opts.logprobs.then_some(self.log_norm)
+    }
+}

@@ -1,0 +1,16 @@
+//! weft-cluster: the node daemon and the coordinator. A coordinator sends each node its
+//! part of a plan (pipeline stage, tensor-parallel slice), the nodes load only their shard
+//! and join one data-plane group, and every step runs across them: stage 0 embeds, each
+//! stage's TP ranks all-reduce, stages hand the hidden state on, the last stage's ranks
+//! send their vocabulary slices' top-k, and only the coordinator samples.
+
+pub mod control;
+pub mod coordinator;
+pub mod layout;
+pub mod node;
+pub mod stage;
+pub mod step;
+
+pub use coordinator::{Cluster, ClusterOptions, NodeStats};
+pub use layout::Layout;
+pub use node::{serve, NodeOptions};

@@ -1,0 +1,267 @@
+//! Layout flags shared by `weft run` and `weft bench`, `weft node`, and the local cluster
+//! that `--nodes N` starts: N `weft node` processes on this machine, stopped at the end.
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{anyhow, bail, Context, Result};
+use clap::Args;
+use weft_cluster::{Cluster, ClusterOptions, Layout, NodeOptions};
+use weft_gguf::GgufFile;
+use weft_model::{ModelConfig, DEFAULT_UBATCH};
+use weft_tokenizer::Tokenizer;
+
+#[derive(Args, Debug, Clone, Default)]
+pub struct LayoutArgs {
+    /// Start this many local node processes and run across them.
+    #[arg(long)]
+    pub nodes: Option<usize>,
+    /// Use nodes already running (`weft node`), comma-separated control addresses.
+    #[arg(long, value_delimiter = ',')]
+    pub peers: Vec<String>,
+    /// Cluster secret for --peers (or WEFT_SECRET); --nodes makes its own.
+    #[arg(long)]
+    pub secret: Option<String>,
+    /// Tensor-parallel size of each pipeline stage.
+    #[arg(long)]
+    pub tp: Option<usize>,
+    /// Pipeline stages.
+    #[arg(long)]
+    pub pp: Option<usize>,
+    /// Layers per stage, comma-separated (default: even).
+    #[arg(long, value_delimiter = ',')]
+    pub layers: Vec<usize>,
+    /// Relative share of each TP rank, comma-separated (default: equal).
+    #[arg(long, value_delimiter = ',')]
+    pub tp_weights: Vec<f64>,
+    /// Data-plane transport: auto (shared memory on one host), tcp or shm.
+    #[arg(long, default_value = "auto")]
+    pub transport: String,
+    /// Injected one-way delay on every data-plane link, µs.
+    #[arg(long, default_value_t = 0.0)]
+    pub link_delay_us: f64,
+    /// With --nodes: pin each node to its own core, one thread each.
+    #[arg(long)]
+    pub pin: bool,
+    /// Threads per node (default: cores / nodes).
+    #[arg(long)]
+    pub node_threads: Option<usize>,
+}
+
+impl LayoutArgs {
+    pub fn is_cluster(&self) -> bool {
+        self.nodes.is_some() || !self.peers.is_empty()
+    }
+}
+
+/// `weft node` arguments.
+#[derive(Args, Debug)]
+pub struct NodeArgs {
+    /// Control address to listen on (port 0 picks one; the address is printed).
+    #[arg(long, default_value = "0.0.0.0:7411")]
+    pub listen: String,
+    /// Cluster secret (or WEFT_SECRET).
+    #[arg(long)]
+    pub secret: Option<String>,
+    /// This node's copy of the model (default: the path the coordinator sends).
+    #[arg(long)]
+    pub model: Option<PathBuf>,
+    #[arg(long)]
+    pub threads: Option<usize>,
+    /// Pin the process to this core.
+    #[arg(long)]
+    pub pin_core: Option<usize>,
+}
+
+fn secret_from(flag: &Option<String>) -> Result<String> {
+    flag.clone()
+        .or_else(|| std::env::var("WEFT_SECRET").ok())
+        .filter(|s| !s.is_empty())
+        .ok_or_else(|| anyhow!("a cluster secret is needed: --secret S or WEFT_SECRET"))
+}
+
+pub fn node(a: NodeArgs) -> Result<()> {
+    let secret = secret_from(&a.secret)?;
+    if let Some(c) = a.pin_core {
+        pin_to_core(c)?;
+    }
+    let listener = weft_comm::bind(&a.listen).map_err(|e| anyhow!("{e}"))?;
+    let addr = listener.local_addr()?;
+    println!("listening on {addr}");
+    use std::io::Write;
+    std::io::stdout().flush()?;
+    weft_cluster::serve(
+        listener,
+        NodeOptions {
+            secret: secret.into_bytes(),
+            model: a.model,
+            threads: a.threads,
+        },
+    )
+}
+
+fn pin_to_core(core: usize) -> Result<()> {
+    // SAFETY: a zeroed cpu_set_t is valid; sched_setaffinity reads it for this process.
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        libc::CPU_SET(core, &mut set);
+        if libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) != 0 {
+            bail!(
+                "pinning to core {core}: {}",
+                std::io::Error::last_os_error()
+            );
+        }
+    }
+    Ok(())
+}
+
+/// Local node processes, killed when dropped.
+pub struct LocalNodes {
+    children: Vec<Child>,
+}
+
+impl Drop for LocalNodes {
+    fn drop(&mut self) {
+        for c in &mut self.children {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+fn start_local_nodes(
+    n: usize,
+    secret: &str,
+    threads: usize,
+    pin: bool,
+) -> Result<(LocalNodes, Vec<String>)> {
+    let exe = std::env::current_exe().context("finding the weft binary")?;
+    let cores = std::thread::available_parallelism()
+        .map(|c| c.get())
+        .unwrap_or(1);
+    let mut nodes = LocalNodes {
+        children: Vec::new(),
+    };
+    let mut addrs = Vec::new();
+    for i in 0..n {
+        let mut cmd = Command::new(&exe);
+        cmd.args([
+            "node",
+            "--listen",
+            "127.0.0.1:0",
+            "--threads",
+            &threads.to_string(),
+        ])
+        .env("WEFT_SECRET", secret)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit());
+        if pin {
+            cmd.args(["--pin-core", &(i % cores).to_string()]);
+        }
+        let mut child = cmd.spawn().with_context(|| format!("starting node {i}"))?;
+        let out = child
+            .stdout
+            .take()
+            .ok_or_else(|| anyhow!("node {i} has no stdout"))?;
+        nodes.children.push(child);
+        let mut line = String::new();
+        BufReader::new(out)
+            .read_line(&mut line)
+            .with_context(|| format!("reading node {i}'s address"))?;
+        let addr = line
+            .trim()
+            .strip_prefix("listening on ")
+            .ok_or_else(|| anyhow!("node {i} printed {line:?} instead of its address"))?;
+        addrs.push(addr.to_string());
+    }
+    Ok((nodes, addrs))
+}
+
+/// A running cluster and what a coordinator needs beside it.
+pub struct Opened {
+    pub cluster: Cluster,
+    pub tokenizer: Tokenizer,
+    pub peers: Vec<String>,
+    /// Local nodes (with --nodes); dropped after the cluster.
+    pub _local: Option<LocalNodes>,
+}
+
+pub fn open(
+    l: &LayoutArgs,
+    model: &Path,
+    n_ctx: usize,
+    top_k: usize,
+    logprobs: bool,
+) -> Result<Opened> {
+    let file =
+        Arc::new(GgufFile::open(model).with_context(|| format!("opening {}", model.display()))?);
+    let cfg = ModelConfig::from_gguf(&file)?;
+    let tokenizer = weft_model::vocab::tokenizer_from_gguf(&file)?;
+    let cores = std::thread::available_parallelism()
+        .map(|c| c.get())
+        .unwrap_or(1);
+    let (local, peers, secret) = match (l.nodes, l.peers.is_empty()) {
+        (Some(_), false) => {
+            bail!("give either --nodes (local) or --peers (running nodes), not both")
+        }
+        (Some(n), true) => {
+            if n == 0 {
+                bail!("--nodes must be at least 1");
+            }
+            let secret = format!("{:x}{:x}", std::process::id(), rand_nanos());
+            let threads = if l.pin {
+                1
+            } else {
+                l.node_threads.unwrap_or((cores / n).max(1))
+            };
+            let (nodes, addrs) = start_local_nodes(n, &secret, threads, l.pin)?;
+            (Some(nodes), addrs, secret)
+        }
+        (None, false) => (None, l.peers.clone(), secret_from(&l.secret)?),
+        (None, true) => bail!("no nodes: give --nodes N or --peers A,B"),
+    };
+    let layout = Layout::new(
+        peers.len(),
+        l.tp,
+        l.pp,
+        cfg.n_layer,
+        (!l.layers.is_empty()).then_some(&l.layers[..]),
+        (!l.tp_weights.is_empty()).then_some(&l.tp_weights[..]),
+    )
+    .map_err(|e| anyhow!(e))?;
+    let opts = ClusterOptions {
+        secret: secret.into_bytes(),
+        model: model.to_string_lossy().into_owned(),
+        n_vocab: cfg.n_vocab,
+        n_ctx: n_ctx.min(cfg.n_ctx_train).max(1),
+        ubatch: DEFAULT_UBATCH,
+        threads_per_node: if l.pin {
+            1
+        } else {
+            l.node_threads.unwrap_or((cores / peers.len()).max(1))
+        },
+        transport: l.transport.clone(),
+        link_delay_us: l.link_delay_us,
+        timeout: Duration::from_secs(2),
+        top_k,
+        logprobs,
+    };
+    let cluster = Cluster::connect(&peers, layout, opts).map_err(|e| anyhow!(e))?;
+    Ok(Opened {
+        cluster,
+        tokenizer,
+        peers,
+        _local: local,
+    })
+}
+
+fn rand_nanos() -> u128 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos())
+        .unwrap_or(0)
+}
