@@ -181,7 +181,8 @@ fn run_steps(group: &mut Group, plan: &NodePlan, l: &mut Loaded) -> Result<(), S
     loop {
         let t_idle = Instant::now();
         let mut hb = [0u8; HEADER_BYTES];
-        group.recv(0, &mut hb).map_err(err)?;
+        // Between requests the coordinator may be silent for long: no deadline here.
+        group.recv_idle(0, &mut hb).map_err(err)?;
         idle += t_idle.elapsed().as_secs_f64();
         let h = StepHeader::decode(&hb)?;
         if h.kind == KIND_STOP {

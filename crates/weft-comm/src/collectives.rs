@@ -298,6 +298,20 @@ impl Group {
         Ok(())
     }
 
+    /// Receives one small message (at most one segment) from `from`, waiting as long as it
+    /// takes: for a worker idle between requests. A peer that dies still ends the wait at
+    /// once (its connection closes); only a silent, live peer is waited for.
+    pub fn recv_idle(&mut self, from: usize, buf: &mut [u8]) -> Result<(), CommError> {
+        self.check()?;
+        if buf.len() > SEGMENT {
+            return Err(CommError::Config(format!(
+                "recv_idle takes at most {SEGMENT} bytes, not {}",
+                buf.len()
+            )));
+        }
+        self.recv_frame_within(from, buf, std::time::Duration::from_secs(365 * 24 * 3600))
+    }
+
     /// Returns once every rank has entered the barrier.
     pub fn barrier(&mut self) -> Result<(), CommError> {
         self.check()?;

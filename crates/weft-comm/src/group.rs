@@ -536,7 +536,18 @@ impl Group {
 
     /// Receives the next frame from `from`, which must be exactly `buf.len()` bytes.
     pub(crate) fn recv_frame(&mut self, from: usize, buf: &mut [u8]) -> Result<(), CommError> {
-        let deadline = Instant::now() + self.opts.timeout;
+        let t = self.opts.timeout;
+        self.recv_frame_within(from, buf, t)
+    }
+
+    /// `recv_frame` with its own deadline.
+    pub(crate) fn recv_frame_within(
+        &mut self,
+        from: usize,
+        buf: &mut [u8],
+        timeout: Duration,
+    ) -> Result<(), CommError> {
+        let deadline = Instant::now() + timeout;
         let max = self.opts.max_frame;
         let me = self.rank;
         let r: Result<Option<(usize, String)>, (usize, Fault)> = (|| {

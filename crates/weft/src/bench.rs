@@ -35,6 +35,14 @@ pub struct BenchArgs {
     pub no_bandwidth: bool,
     #[arg(long)]
     pub json: bool,
+    /// Across local nodes: layouts to measure side by side, e.g. 1,tp2,pp2,tp2xpp2.
+    #[arg(long, value_delimiter = ',')]
+    pub compare: Vec<String>,
+    /// Across local nodes: link delays (µs) to measure each layout at, e.g. 0,3,300.
+    #[arg(long, value_delimiter = ',')]
+    pub delays: Vec<f64>,
+    #[command(flatten)]
+    pub layout: crate::cluster_cli::LayoutArgs,
 }
 
 #[derive(clap::Subcommand, Debug)]
@@ -51,6 +59,9 @@ pub fn run(a: BenchArgs) -> Result<()> {
         Some(BenchWhat::Comm(c)) => return crate::bench_comm::run(c),
         Some(BenchWhat::CommRank(c)) => return crate::bench_comm::run_rank(c),
         None => {}
+    }
+    if a.layout.is_cluster() || !a.compare.is_empty() {
+        return crate::bench_cluster::run(&a);
     }
     let path = resolve_model(a.model.clone())?;
     let threads = a.threads.unwrap_or_else(default_threads).max(1);

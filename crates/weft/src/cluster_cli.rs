@@ -185,6 +185,7 @@ fn start_local_nodes(
 pub struct Opened {
     pub cluster: Cluster,
     pub tokenizer: Tokenizer,
+    pub n_vocab: usize,
     pub peers: Vec<String>,
     /// Local nodes (with --nodes); dropped after the cluster.
     pub _local: Option<LocalNodes>,
@@ -254,6 +255,7 @@ pub fn open(
     Ok(Opened {
         cluster,
         tokenizer,
+        n_vocab: cfg.n_vocab,
         peers,
         _local: local,
     })

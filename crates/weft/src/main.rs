@@ -1,6 +1,7 @@
 //! The weft command line: run, pull, perplexity, bench, inspect.
 
 mod bench;
+mod bench_cluster;
 mod bench_comm;
 mod cli_run;
 mod cluster_cli;
@@ -52,6 +53,19 @@ enum Cmd {
 
 fn main() {
     let cli = Cli::parse();
+    // Logs go to stderr; WEFT_LOG (tracing's filter syntax) overrides: warn, or info for nodes.
+    let default = if matches!(cli.command, Cmd::Node(_)) {
+        "info"
+    } else {
+        "warn"
+    };
+    tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("WEFT_LOG")
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default)),
+        )
+        .init();
     let r = match cli.command {
         Cmd::Run(a) => cli_run::run(a),
         Cmd::Node(a) => cluster_cli::node(a),

@@ -1,0 +1,250 @@
+//! `weft bench` across local node processes: layouts (one node, TP, PP, hybrid) and link
+//! delays measured side by side in one run, round-robin so drift hits all alike, with
+//! syncs per token, the share of time nodes spend waiting on the network, per-node memory,
+//! and a prediction from the seed's arithmetic (syncs × one-way latency).
+
+use std::time::Instant;
+
+use anyhow::{anyhow, bail, Context, Result};
+use serde_json::{json, Value};
+use weft_model::Backend;
+
+use crate::bench::BenchArgs;
+use crate::cluster_cli::{open, LayoutArgs, Opened};
+use crate::paths::resolve_model;
+
+/// One configuration: "1", "tp2", "pp3", "tp2xpp2" at a given link delay.
+struct Config {
+    name: String,
+    tp: usize,
+    pp: usize,
+    delay_us: f64,
+}
+
+fn parse_layout(s: &str) -> Result<(usize, usize)> {
+    let s = s.trim().to_ascii_lowercase();
+    if s == "1" {
+        return Ok((1, 1));
+    }
+    let (mut tp, mut pp) = (1, 1);
+    for part in s.split('x') {
+        if let Some(v) = part.strip_prefix("tp") {
+            tp = v
+                .parse()
+                .with_context(|| format!("layout {s:?}: bad TP size"))?;
+        } else if let Some(v) = part.strip_prefix("pp") {
+            pp = v
+                .parse()
+                .with_context(|| format!("layout {s:?}: bad PP size"))?;
+        } else {
+            bail!("layout {s:?}: expected 1, tpN, ppN or tpNxppM");
+        }
+    }
+    if tp == 0 || pp == 0 {
+        bail!("layout {s:?}: sizes must be positive");
+    }
+    Ok((tp, pp))
+}
+
+fn median(v: &[f64]) -> f64 {
+    let mut s = v.to_vec();
+    s.sort_by(f64::total_cmp);
+    if s.is_empty() {
+        0.0
+    } else {
+        s[s.len() / 2]
+    }
+}
+
+pub fn run(a: &BenchArgs) -> Result<()> {
+    let path = resolve_model(a.model.clone())?;
+    let delays: Vec<f64> = if a.delays.is_empty() {
+        vec![a.layout.link_delay_us]
+    } else {
+        a.delays.clone()
+    };
+    let layouts: Vec<(usize, usize)> = if a.compare.is_empty() {
+        let n = a.layout.nodes.unwrap_or(a.layout.peers.len()).max(1);
+        let tp = a.layout.tp.unwrap_or(n / a.layout.pp.unwrap_or(1).max(1));
+        vec![(tp.max(1), a.layout.pp.unwrap_or(n / tp.max(1)).max(1))]
+    } else {
+        a.compare
+            .iter()
+            .map(|s| parse_layout(s))
+            .collect::<Result<_>>()?
+    };
+    let mut configs = Vec::new();
+    for &d in &delays {
+        for &(tp, pp) in &layouts {
+            let name = match (tp, pp) {
+                (1, 1) => "1 node".to_string(),
+                (t, 1) => format!("TP={t}"),
+                (1, p) => format!("PP={p}"),
+                (t, p) => format!("TP={t} x PP={p}"),
+            };
+            configs.push(Config {
+                name,
+                tp,
+                pp,
+                delay_us: d,
+            });
+        }
+    }
+    let n_ctx = (a.prefill + a.decode + 8).max(64);
+    let mut clusters: Vec<Opened> = Vec::new();
+    for c in &configs {
+        let l = LayoutArgs {
+            nodes: if a.layout.peers.is_empty() {
+                Some(c.tp * c.pp)
+            } else {
+                None
+            },
+            tp: Some(c.tp),
+            pp: Some(c.pp),
+            link_delay_us: c.delay_us,
+            ..a.layout.clone()
+        };
+        clusters.push(
+            open(&l, &path, n_ctx, 1, false).with_context(|| format!("starting {}", c.name))?,
+        );
+    }
+    let n_vocab = clusters[0].n_vocab as u64;
+    let mut state = 0x9E37_79B9_7F4A_7C15u64;
+    let prompt: Vec<u32> = (0..a.prefill.max(1))
+        .map(|_| {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            (state % n_vocab) as u32
+        })
+        .collect();
+    let bos = clusters[0].tokenizer.bos_id().unwrap_or(0);
+    for c in clusters.iter_mut() {
+        c.cluster
+            .prefill(&prompt[..prompt.len().min(8)])
+            .map_err(|e| anyhow!("warm-up: {e}"))?;
+    }
+    let mut pp = vec![Vec::new(); configs.len()];
+    let mut tg = vec![Vec::new(); configs.len()];
+    for _ in 0..a.reps.max(1) {
+        for (i, c) in clusters.iter_mut().enumerate() {
+            let cl = &mut c.cluster;
+            if a.prefill > 0 {
+                let t = Instant::now();
+                cl.prefill(&prompt)
+                    .map_err(|e| anyhow!("{}: prefill: {e}", configs[i].name))?;
+                pp[i].push(a.prefill as f64 / t.elapsed().as_secs_f64());
+            }
+            if a.decode > 0 {
+                cl.prefill(&[bos])
+                    .map_err(|e| anyhow!("{}: {e}", configs[i].name))?;
+                let t = Instant::now();
+                let mut tok = bos;
+                for _ in 0..a.decode {
+                    cl.decode(tok)
+                        .map_err(|e| anyhow!("{}: decode: {e}", configs[i].name))?;
+                    tok = weft_model::sampler::argmax(cl.logits());
+                }
+                tg[i].push(a.decode as f64 / t.elapsed().as_secs_f64());
+            }
+        }
+    }
+    // One-node decode time per token, for the predictions.
+    let t1 = configs
+        .iter()
+        .zip(&tg)
+        .find(|(c, _)| c.tp == 1 && c.pp == 1 && c.delay_us == 0.0)
+        .map(|(_, v)| 1.0 / median(v));
+    let mut runs = Vec::new();
+    for (i, c) in clusters.iter_mut().enumerate() {
+        let layout = c.cluster.layout().clone();
+        let stats = c
+            .cluster
+            .stop()
+            .map_err(|e| anyhow!("{}: stop: {e}", configs[i].name))?;
+        let comm: f64 = stats.iter().map(|s| s.comm_secs).sum();
+        let busy: f64 = stats.iter().map(|s| s.comm_secs + s.compute_secs).sum();
+        let layers: usize = layout.layers.iter().map(|r| r.len()).sum();
+        let allreduces = if layout.tp > 1 { 2 * layers } else { 0 };
+        let syncs = layout.syncs_per_token();
+        let d = configs[i].delay_us * 1e-6;
+        let predicted = t1.map(|t| 1.0 / (t / layout.tp as f64 + syncs as f64 * d));
+        runs.push(json!({
+            "layout": configs[i].name,
+            "tp": layout.tp, "pp": layout.pp,
+            "link_delay_us": configs[i].delay_us,
+            "pp_tok_s": median(&pp[i]), "pp_samples": pp[i],
+            "tg_tok_s": median(&tg[i]), "tg_samples": tg[i],
+            "allreduces_per_token": allreduces,
+            "syncs_per_token": syncs,
+            "seed_wait_ms_per_token": allreduces as f64 * d * 1e3,
+            "network_share": if busy > 0.0 { comm / busy } else { 0.0 },
+            "predicted_tg_tok_s": predicted,
+            "nodes": stats,
+        }));
+    }
+    let base = runs[0]["tg_tok_s"].as_f64().unwrap_or(0.0);
+    if a.json {
+        let mut v = json!({"model": path.display().to_string(), "pin": a.layout.pin, "runs": runs});
+        if runs.len() == 1 {
+            v["pp_tok_s"] = runs[0]["pp_tok_s"].clone();
+            v["tg_tok_s"] = runs[0]["tg_tok_s"].clone();
+        }
+        println!("{v}");
+        return Ok(());
+    }
+    println!(
+        "{:<14} {:>8} {:>9} {:>9} {:>7} {:>6} {:>9} {:>10} {:>12}",
+        "layout",
+        "delay µs",
+        "pp tok/s",
+        "tg tok/s",
+        "tg x",
+        "syncs",
+        "net wait",
+        "seed ms/t",
+        "predicted"
+    );
+    for r in &runs {
+        let f = |k: &str| r[k].as_f64().unwrap_or(0.0);
+        let pred = r["predicted_tg_tok_s"]
+            .as_f64()
+            .map(|p| format!("{p:.1}"))
+            .unwrap_or("-".into());
+        println!(
+            "{:<14} {:>8} {:>9.1} {:>9.1} {:>7.2} {:>6} {:>8.0}% {:>10.2} {:>12}",
+            r["layout"].as_str().unwrap_or("?"),
+            f("link_delay_us"),
+            f("pp_tok_s"),
+            f("tg_tok_s"),
+            f("tg_tok_s") / base.max(1e-9),
+            r["syncs_per_token"],
+            100.0 * f("network_share"),
+            f("seed_wait_ms_per_token"),
+            pred
+        );
+    }
+    println!("per-node peak RSS / shard weight bytes (MB):");
+    for r in &runs {
+        let nodes: Vec<String> = r["nodes"]
+            .as_array()
+            .map(|v| v.as_slice())
+            .unwrap_or(&[])
+            .iter()
+            .map(|n: &Value| {
+                format!(
+                    "{:.0}/{:.0}",
+                    n["peak_rss_bytes"].as_f64().unwrap_or(0.0) / 1e6,
+                    n["shard_bytes"].as_f64().unwrap_or(0.0) / 1e6
+                )
+            })
+            .collect();
+        println!(
+            "  {:<14} delay {:>5}: {}",
+            r["layout"].as_str().unwrap_or("?"),
+            r["link_delay_us"],
+            nodes.join("  ")
+        );
+    }
+    Ok(())
+}
