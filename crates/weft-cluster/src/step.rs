@@ -31,6 +31,7 @@ impl StepHeader {
             self.pos0,
             self.want_logits,
             self.top_k,
+            self.want_norm,
         ]
         .iter()
         .enumerate()
