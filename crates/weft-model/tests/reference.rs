@@ -152,11 +152,24 @@ impl Ref<'_> {
                     .zip(&u)
                     .map(|(&g, &u)| {
                         let a = if gemma {
-                            0.5 * g
-                                * (1.0
-                                    + ((2.0 / std::f64::consts::PI).sqrt()
-                                        * (g + 0.044715 * g * g * g))
-                                        .tanh())
+                            // Gemma's GELU as weft (and llama.cpp) define it: the tanh
+                            // form on the input rounded to f16, the result rounded to f16,
+                            // saturated beyond ±10.
+                            let gelu = |x: f64| {
+                                0.5 * x
+                                    * (1.0
+                                        + ((2.0 / std::f64::consts::PI).sqrt()
+                                            * (x + 0.044715 * x * x * x))
+                                            .tanh())
+                            };
+                            if g <= -10.0 {
+                                0.0
+                            } else if g >= 10.0 {
+                                g
+                            } else {
+                                let x = half::f16::from_f64(g).to_f64();
+                                half::f16::from_f64(gelu(x)).to_f64()
+                            }
                         } else {
                             g / (1.0 + (-g).exp())
                         };
