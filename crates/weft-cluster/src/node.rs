@@ -24,6 +24,10 @@ pub struct NodeOptions {
     pub model: Option<PathBuf>,
     /// Threads for compute; None takes the plan's.
     pub threads: Option<usize>,
+    /// How long a waiting data-plane receive may busy-poll (None: weft-comm's default).
+    /// A node with a core to itself spins through a whole pipeline stage's wait: waking a
+    /// halted vCPU costs far more than the spinning, which takes nothing from anyone.
+    pub spin: Option<Duration>,
 }
 
 /// Serves coordinators on `listener` forever (until the process is killed).
@@ -107,7 +111,10 @@ fn session(
         ToNode::Go { addrs } => addrs,
         other => return Err(format!("expected go, got {other:?}")),
     };
-    let gopts = group_options(&plan, opts.secret.clone())?;
+    let mut gopts = group_options(&plan, opts.secret.clone())?;
+    if let Some(spin) = opts.spin {
+        gopts.spin = spin;
+    }
     let mut group =
         Group::with_listener(plan.rank, &addrs, data, gopts).map_err(|e| e.to_string())?;
     run_steps(&mut group, &plan, loaded)

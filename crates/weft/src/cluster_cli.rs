@@ -74,6 +74,10 @@ pub struct NodeArgs {
     /// Pin the process to this core.
     #[arg(long)]
     pub pin_core: Option<usize>,
+    /// Busy-poll budget of data-plane waits, µs (default 200; 20000 with --pin-core, since
+    /// a pinned node's spinning takes no core from anyone).
+    #[arg(long)]
+    pub spin_us: Option<u64>,
 }
 
 fn secret_from(flag: &Option<String>) -> Result<String> {
@@ -99,6 +103,10 @@ pub fn node(a: NodeArgs) -> Result<()> {
             secret: secret.into_bytes(),
             model: a.model,
             threads: a.threads,
+            spin: a
+                .spin_us
+                .or(a.pin_core.map(|_| 20_000))
+                .map(Duration::from_micros),
         },
     )
 }
