@@ -17,7 +17,7 @@ use crate::shard::{Granularity, ShardSpec};
 use crate::weights::{load_vector, Embedding, Linear};
 
 /// Default number of tokens one forward call processes at most (longer prompts are split).
-pub const DEFAULT_UBATCH: usize = 64;
+pub const DEFAULT_UBATCH: usize = 128;
 /// Output-head rows computed together when logits of many tokens are wanted.
 const HEAD_GROUP: usize = 8;
 
