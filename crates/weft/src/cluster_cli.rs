@@ -164,6 +164,11 @@ fn start_local_nodes(
             &threads.to_string(),
         ])
         .env("WEFT_SECRET", secret)
+        // Local nodes share the user's terminal: only their warnings, unless asked.
+        .env(
+            "WEFT_LOG",
+            std::env::var("WEFT_LOG").unwrap_or_else(|_| "warn".into()),
+        )
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit());
