@@ -60,6 +60,9 @@ pub struct Cluster {
     logits: Vec<f32>,
     set: Vec<u32>,
     log_norm: f32,
+    /// The last stage's ranks, which send the top-k replies, and their normalizers.
+    last_stage: Vec<usize>,
+    norms: Vec<f32>,
     reply: Vec<u8>,
     id_bytes: Vec<u8>,
     stopped: bool,
@@ -139,23 +142,13 @@ impl Cluster {
             )
             .map_err(|e| format!("node {addr}: {e}"))?;
         }
-        let plan_like = NodePlan {
-            model: String::new(),
-            rank: 0,
-            group_size: addrs.len(),
-            stage: 0,
-            stages: stages.clone(),
-            layers: (0, 0),
-            tp_rank: 0,
-            tp_weights: vec![],
-            threads: 1,
-            n_ctx: opts.n_ctx,
-            ubatch: opts.ubatch,
-            transport: opts.transport.clone(),
-            link_delay_us: opts.link_delay_us,
-            timeout_ms: opts.timeout.as_millis() as u64,
-        };
-        let gopts = group_options(&plan_like, opts.secret.clone())?;
+        let gopts = group_options(
+            0,
+            &opts.transport,
+            opts.link_delay_us,
+            opts.timeout.as_millis() as u64,
+            opts.secret.clone(),
+        )?;
         let group = Group::with_listener(0, &addrs, listener, gopts).map_err(|e| e.to_string())?;
         Ok(Cluster {
             group,
@@ -167,6 +160,8 @@ impl Cluster {
             logits: vec![f32::NEG_INFINITY; opts.n_vocab],
             set: Vec::new(),
             log_norm: 0.0,
+            last_stage: stages.last().cloned().unwrap_or_default(),
+            norms: Vec::new(),
             reply: Vec::new(),
             id_bytes: Vec::new(),
             opts,
@@ -228,10 +223,10 @@ impl Cluster {
             self.logits[i as usize] = f32::NEG_INFINITY;
         }
         self.set.clear();
-        let last = self.layout.stage_ranks().pop().unwrap_or_default();
         self.reply.resize(reply_bytes(k), 0);
-        let mut norms = Vec::with_capacity(last.len());
-        for r in last {
+        self.norms.clear();
+        for i in 0..self.last_stage.len() {
+            let r = self.last_stage[i];
             let mut reply = std::mem::take(&mut self.reply);
             let got = self.group.recv(r, &mut reply);
             if let Err(e) = got {
@@ -247,10 +242,11 @@ impl Cluster {
                 }
             }
             let z = &reply[k * 8..k * 8 + 4];
-            norms.push(f32::from_le_bytes([z[0], z[1], z[2], z[3]]));
+            self.norms
+                .push(f32::from_le_bytes([z[0], z[1], z[2], z[3]]));
             self.reply = reply;
         }
-        self.log_norm = weft_model::sampler::log_sum_exp(&norms);
+        self.log_norm = weft_model::sampler::log_sum_exp(&self.norms);
         // Keep only the best k overall, as one node would see them.
         if self.set.len() > k {
             let lg = &self.logits;

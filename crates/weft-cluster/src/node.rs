@@ -111,7 +111,13 @@ fn session(
         ToNode::Go { addrs } => addrs,
         other => return Err(format!("expected go, got {other:?}")),
     };
-    let mut gopts = group_options(&plan, opts.secret.clone())?;
+    let mut gopts = group_options(
+        plan.rank,
+        &plan.transport,
+        plan.link_delay_us,
+        plan.timeout_ms,
+        opts.secret.clone(),
+    )?;
     if let Some(spin) = opts.spin {
         gopts.spin = spin;
     }
@@ -120,17 +126,24 @@ fn session(
     run_steps(&mut group, &plan, loaded)
 }
 
-pub(crate) fn group_options(plan: &NodePlan, secret: Vec<u8>) -> Result<GroupOptions, String> {
+/// The data-plane options every member of a cluster group uses; `rank` 0 is the coordinator.
+pub(crate) fn group_options(
+    rank: usize,
+    transport: &str,
+    link_delay_us: f64,
+    timeout_ms: u64,
+    secret: Vec<u8>,
+) -> Result<GroupOptions, String> {
     Ok(GroupOptions {
         secret,
-        transport: plan.transport.parse::<TransportKind>()?,
-        timeout: Duration::from_millis(plan.timeout_ms),
+        transport: transport.parse::<TransportKind>()?,
+        timeout: Duration::from_millis(timeout_ms),
         connect_timeout: Duration::from_secs(20),
-        delay: Duration::from_nanos((plan.link_delay_us * 1e3) as u64),
+        delay: Duration::from_nanos((link_delay_us * 1e3) as u64),
         max_frame: 1 << 20,
         // The coordinator (rank 0) samples between steps and otherwise waits: it blocks.
         passive: vec![0],
-        spin: if plan.rank == 0 {
+        spin: if rank == 0 {
             Duration::ZERO
         } else {
             GroupOptions::default().spin

@@ -166,6 +166,11 @@ fn verifier(secret: &[u8], challenge: &[u8; 32], own: &[u8; 32], rank: u32) -> H
     m
 }
 
+/// A fresh random cluster secret (32 hex digits), for clusters one process starts itself.
+pub fn random_secret() -> String {
+    format!("{:032x}", rand::random::<u128>())
+}
+
 /// This host's identity: the kernel boot id where there is one, else the host name.
 fn host_id() -> [u8; 16] {
     let raw = std::fs::read("/proc/sys/kernel/random/boot_id")

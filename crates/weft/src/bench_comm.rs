@@ -67,7 +67,7 @@ pub fn run(a: CommBenchArgs) -> Result<()> {
         .collect::<std::io::Result<_>>()?;
     drop(listeners);
     let exe = std::env::current_exe().context("finding the weft binary")?;
-    let secret = format!("{:032x}", rand_u128());
+    let secret = weft_comm::handshake::random_secret();
     let mut kids = Vec::new();
     for r in 0..a.ranks {
         let mut c = Command::new(&exe);
@@ -161,14 +161,6 @@ fn wire_name(w: Wire) -> &'static str {
         Wire::F16 => "f16",
         Wire::Bf16 => "bf16",
     }
-}
-
-fn rand_u128() -> u128 {
-    let t = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_nanos())
-        .unwrap_or(0);
-    t ^ ((std::process::id() as u128) << 64)
 }
 
 /// Median and 99th percentile of `v` (sorted in place), in µs.

@@ -226,7 +226,7 @@ pub fn open(
             if n == 0 {
                 bail!("--nodes must be at least 1");
             }
-            let secret = format!("{:x}{:x}", std::process::id(), rand_nanos());
+            let secret = weft_comm::handshake::random_secret();
             let threads = if l.pin {
                 1
             } else {
@@ -272,11 +272,4 @@ pub fn open(
         peers,
         _local: local,
     })
-}
-
-fn rand_nanos() -> u128 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_nanos())
-        .unwrap_or(0)
 }
