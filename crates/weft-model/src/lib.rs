@@ -1,6 +1,7 @@
 //! Model architectures written once against a shard and a collective: config, weights,
 //! forward pass, KV cache, sampler, tokenizer glue, and the single-node engine.
 
+pub mod batch;
 pub mod collective;
 pub mod config;
 pub mod engine;
@@ -15,6 +16,7 @@ pub mod synthetic;
 pub mod vocab;
 pub mod weights;
 
+pub use batch::SeqSpan;
 pub use collective::{Collective, Identity, InProcess};
 pub use config::{Arch, ModelConfig};
 pub use engine::{Engine, FinishReason, GenerateRequest, Generated};

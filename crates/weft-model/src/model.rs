@@ -8,6 +8,7 @@ use weft_gguf::GgufFile;
 use weft_kernels::ops::{self, Rope};
 use weft_kernels::{vecops, ThreadPool};
 
+use crate::batch::{self, SeqSpan};
 use crate::collective::Collective;
 use crate::config::ModelConfig;
 use crate::error::ModelError;
@@ -61,6 +62,9 @@ struct Workspace {
     up: Vec<f32>,
     acts: Vec<u8>,
     tile: Vec<f32>,
+    /// Per token row of the step: its position and the index of its sequence's cache.
+    row_pos: Vec<usize>,
+    row_seq: Vec<usize>,
 }
 
 /// One shard of a model, ready to run.
@@ -223,6 +227,8 @@ impl Model {
             up: vec![0.0; ubatch * ff_local],
             acts: vec![0; ubatch.max(HEAD_GROUP) * act_row],
             tile: vec![0.0; ubatch * widest_out],
+            row_pos: vec![0; ubatch],
+            row_seq: vec![0; ubatch],
         };
         Ok(Model {
             rope_global: Rope::new(
@@ -356,29 +362,86 @@ impl Model {
         coll: &mut dyn Collective,
         pool: &ThreadPool,
     ) -> Result<(), ModelError> {
-        if m == 0 || m > self.ubatch {
+        let span = SeqSpan {
+            cache: 0,
+            n_tokens: m,
+            logits: false,
+        };
+        self.forward_hidden_batch(&[span], std::slice::from_mut(kv), coll, pool)
+    }
+
+    /// Runs this shard's layers over the hidden state's rows, laid out as `spans`: each
+    /// span's rows attend to, and are appended to, its own cache in `caches`.
+    pub fn forward_hidden_batch(
+        &mut self,
+        spans: &[SeqSpan],
+        caches: &mut [KvCache],
+        coll: &mut dyn Collective,
+        pool: &ThreadPool,
+    ) -> Result<(), ModelError> {
+        let m = batch::validate(spans, caches, self.ubatch, self.layers.len())?;
+        let mut t = 0;
+        for s in spans {
+            let pos0 = caches[s.cache].pos;
+            for j in 0..s.n_tokens {
+                self.ws.row_pos[t] = pos0 + j;
+                self.ws.row_seq[t] = s.cache;
+                t += 1;
+            }
+        }
+        for li in 0..self.layers.len() {
+            self.layer(li, m, caches, coll, pool)?;
+        }
+        for s in spans {
+            caches[s.cache].pos += s.n_tokens;
+        }
+        Ok(())
+    }
+
+    /// One batched step over `tokens` (laid out as `spans`): writes the logits of each
+    /// span that asks for them (its last row), in span order, into `out`.
+    pub fn forward_batch(
+        &mut self,
+        tokens: &[u32],
+        spans: &[SeqSpan],
+        caches: &mut [KvCache],
+        coll: &mut dyn Collective,
+        pool: &ThreadPool,
+        out: &mut Vec<f32>,
+    ) -> Result<(), ModelError> {
+        let rows: usize = spans.iter().map(|s| s.n_tokens).sum();
+        if rows != tokens.len() {
             return Err(ModelError::Invalid(format!(
-                "micro-batch of {m} tokens (1..={})",
-                self.ubatch
+                "{} tokens for spans of {rows} rows",
+                tokens.len()
             )));
         }
-        if kv.pos + m > kv.n_ctx {
-            return Err(ModelError::ContextFull {
-                pos: kv.pos + m,
-                n_ctx: kv.n_ctx,
-            });
+        self.embed_tokens(tokens)?;
+        self.forward_hidden_batch(spans, caches, coll, pool)?;
+        let k = self.gather_logit_rows(spans);
+        out.clear();
+        if k > 0 {
+            out.resize(k * self.shard.vocab.len(), 0.0);
+            self.logits(0..k, pool, out)?;
         }
-        if kv.layers.len() != self.layers.len() {
-            return Err(ModelError::Invalid(
-                "KV cache was made for another shard".into(),
-            ));
-        }
-        let pos0 = kv.pos;
-        for li in 0..self.layers.len() {
-            self.layer(li, m, pos0, kv, coll, pool)?;
-        }
-        kv.pos += m;
         Ok(())
+    }
+
+    /// Moves the last hidden row of each span that wants logits to the front of the
+    /// hidden state, in span order; returns how many. Rows only move down, so ascending
+    /// copies never overwrite a row still to be read.
+    pub fn gather_logit_rows(&mut self, spans: &[SeqSpan]) -> usize {
+        let e = self.cfg.n_embd;
+        let (mut end, mut k) = (0, 0);
+        for s in spans {
+            end += s.n_tokens;
+            if s.logits {
+                let from = (end - 1) * e;
+                self.ws.x.copy_within(from..from + e, k * e);
+                k += 1;
+            }
+        }
+        k
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -386,8 +449,7 @@ impl Model {
         &mut self,
         li: usize,
         m: usize,
-        pos0: usize,
-        kv: &mut KvCache,
+        caches: &mut [KvCache],
         coll: &mut dyn Collective,
         pool: &ThreadPool,
     ) -> Result<(), ModelError> {
@@ -420,12 +482,13 @@ impl Model {
             &self.rope_global
         };
         let (attn_scale, eps) = (cfg.attn_scale, cfg.eps);
+        let row_pos = &ws.row_pos;
         for_each_row(pool, &mut ws.q, ql, ql, m, &|t, qt| {
             if let Some(w) = &layer.q_norm {
                 qt.chunks_exact_mut(hd)
                     .for_each(|qh| ops::rms_norm_inplace(qh, w, eps));
             }
-            rope.apply_heads(qt, hd, pos0 + t);
+            rope.apply_heads(qt, hd, row_pos[t]);
             vecops::scale(qt, attn_scale);
         });
         for_each_row(pool, &mut ws.k, kvl, kvl, m, &|t, kt| {
@@ -433,24 +496,26 @@ impl Model {
                 kt.chunks_exact_mut(hd)
                     .for_each(|kh| ops::rms_norm_inplace(kh, w, eps));
             }
-            rope.apply_heads(kt, hd, pos0 + t);
+            rope.apply_heads(kt, hd, row_pos[t]);
         });
-        let lkv = &mut kv.layers[li];
         for t in 0..m {
-            let s = lkv.slot(pos0 + t) * lkv.stride;
+            let lkv = &mut caches[ws.row_seq[t]].layers[li];
+            let s = lkv.slot(ws.row_pos[t]) * lkv.stride;
             lkv.k[s..s + kvl].copy_from_slice(&ws.k[t * kvl..(t + 1) * kvl]);
             lkv.v[s..s + kvl].copy_from_slice(&ws.v[t * kvl..(t + 1) * kvl]);
         }
         let group = cfg.n_head / cfg.n_head_kv;
         let head0 = self.shard.heads.start;
         let kv0 = self.kv_heads.start;
-        let lkv = &kv.layers[li];
+        let caches = &*caches;
+        let row_seq = &ws.row_seq;
         let att_ptr = SendPtr::new(ws.att.as_mut_ptr());
         let q = &ws.q;
         let window = layer.window;
         pool.run(m * nh, &|task| {
             let (t, h) = (task / nh, task % nh);
-            let pos = pos0 + t;
+            let pos = row_pos[t];
+            let lkv = &caches[row_seq[t]].layers[li];
             let kvh = (head0 + h) / group - kv0;
             let first = match window {
                 Some(w) => (pos + 1).saturating_sub(w),
