@@ -35,96 +35,168 @@ pub fn generate(
     req: &GenerateRequest,
     on_text: &mut dyn FnMut(&str),
 ) -> Result<Generated, ModelError> {
-    req.sampling.validate().map_err(ModelError::Invalid)?;
-    if req.prompt_ids.is_empty() {
-        return Err(ModelError::Invalid("the prompt is empty".into()));
-    }
-    let n_ctx = backend.n_ctx();
-    if req.prompt_ids.len() >= n_ctx {
-        return Err(ModelError::Invalid(format!(
-            "the prompt has {} tokens; the context holds {n_ctx}",
-            req.prompt_ids.len()
-        )));
-    }
+    let mut seq = Sequence::start(tokenizer, req, backend.n_ctx())?;
     let t0 = Instant::now();
     backend.prefill(&req.prompt_ids)?;
-    let prefill_secs = t0.elapsed().as_secs_f64();
-    let mut sampler = Sampler::new(req.sampling.clone());
-    let mut history = req.prompt_ids.clone();
-    let mut stream = StreamDecoder::new(tokenizer);
-    let mut stops = StopScanner::new(&req.stop);
-    let mut out = Generated {
-        token_ids: Vec::new(),
-        text: String::new(),
-        finish: FinishReason::Length,
-        logprobs: Vec::new(),
-        prefill_tokens: req.prompt_ids.len(),
-        prefill_secs,
-        decode_steps: 0,
-        decode_secs: 0.0,
-    };
+    seq.out.prefill_secs = t0.elapsed().as_secs_f64();
     let t1 = Instant::now();
-    let budget = req.max_tokens.min(n_ctx - req.prompt_ids.len());
-    while out.token_ids.len() < budget {
+    loop {
         let norm = backend.log_normalizer();
-        let logits = backend.logits();
+        let step = seq.advance(backend.logits(), norm);
+        on_text(&step.text);
+        match step.next {
+            Some(tok) => {
+                backend.decode(tok)?;
+                seq.out.decode_steps += 1;
+            }
+            None => break,
+        }
+    }
+    seq.out.decode_secs = t1.elapsed().as_secs_f64();
+    Ok(seq.finish())
+}
+
+/// What one call to `Sequence::advance` produced.
+#[derive(Debug, Default)]
+pub struct Advanced {
+    /// Text that became safe to emit (may be empty).
+    pub text: String,
+    /// The token sampled and kept (None when it ended the sequence, such as EOS).
+    pub token: Option<u32>,
+    /// The token the backend must run next; None when the sequence is finished.
+    pub next: Option<u32>,
+}
+
+/// One sequence's generation state, driven step by step from its logits, so a batch of
+/// sequences can share forward steps. `generate` is this loop for a single sequence.
+pub struct Sequence<'a> {
+    tokenizer: &'a Tokenizer,
+    logprobs: usize,
+    sampler: Sampler,
+    history: Vec<u32>,
+    stream: StreamDecoder<'a>,
+    stops: StopScanner,
+    budget: usize,
+    finished: bool,
+    /// The result so far; the caller fills in the timings it measures.
+    pub out: Generated,
+}
+
+impl<'a> Sequence<'a> {
+    /// Checks `req` against a context of `n_ctx` tokens and prepares to sample.
+    pub fn start(
+        tokenizer: &'a Tokenizer,
+        req: &GenerateRequest,
+        n_ctx: usize,
+    ) -> Result<Self, ModelError> {
+        req.sampling.validate().map_err(ModelError::Invalid)?;
+        if req.prompt_ids.is_empty() {
+            return Err(ModelError::Invalid("the prompt is empty".into()));
+        }
+        if req.prompt_ids.len() >= n_ctx {
+            return Err(ModelError::Invalid(format!(
+                "the prompt has {} tokens; the context holds {n_ctx}",
+                req.prompt_ids.len()
+            )));
+        }
+        Ok(Sequence {
+            tokenizer,
+            logprobs: req.logprobs,
+            sampler: Sampler::new(req.sampling.clone()),
+            history: req.prompt_ids.clone(),
+            stream: StreamDecoder::new(tokenizer),
+            stops: StopScanner::new(req.stop.clone()),
+            budget: req.max_tokens.min(n_ctx - req.prompt_ids.len()),
+            finished: false,
+            out: Generated {
+                token_ids: Vec::new(),
+                text: String::new(),
+                finish: FinishReason::Length,
+                logprobs: Vec::new(),
+                prefill_tokens: req.prompt_ids.len(),
+                prefill_secs: 0.0,
+                decode_steps: 0,
+                decode_secs: 0.0,
+            },
+        })
+    }
+
+    pub fn is_finished(&self) -> bool {
+        self.finished
+    }
+
+    /// Samples the next token from the last token's `logits` (`norm`: the full
+    /// vocabulary's log-normalizer when `logits` holds only a top-k view).
+    pub fn advance(&mut self, logits: &mut [f32], norm: Option<f32>) -> Advanced {
+        let mut step = Advanced::default();
+        if self.finished {
+            return step;
+        }
+        if self.out.token_ids.len() >= self.budget {
+            step.text = self.end(FinishReason::Length);
+            return step;
+        }
         // Logprobs before penalties: the model's own distribution. With a top-k view the
         // shift moves them from the view's normalizer to the full vocabulary's.
         let shift = norm.map(|z| log_sum_exp(logits) - z).unwrap_or(0.0);
-        let raw = (req.logprobs > 0).then(|| logits.to_vec());
-        if req.logprobs > 0 {
-            let top = top_logprobs(logits, req.logprobs)
+        let top = (self.logprobs > 0).then(|| {
+            top_logprobs(logits, self.logprobs)
                 .into_iter()
                 .map(|(i, l)| (i, l + shift))
-                .collect();
-            out.logprobs.push((0.0, top));
+                .collect::<Vec<_>>()
+        });
+        let raw = top.as_ref().map(|_| logits.to_vec());
+        let tok = self.sampler.sample(logits, &self.history);
+        if self.tokenizer.is_eog(tok) {
+            self.finished = true;
+            self.out.finish = FinishReason::Stop;
+            return step;
         }
-        let tok = sampler.sample(logits, &history);
-        if let (Some(raw), Some(last)) = (raw, out.logprobs.last_mut()) {
-            last.0 = logprob_of(&raw, tok) + shift;
+        if let (Some(top), Some(raw)) = (top, raw) {
+            self.out.logprobs.push((logprob_of(&raw, tok) + shift, top));
         }
-        if tokenizer.is_eog(tok) {
-            if req.logprobs > 0 {
-                out.logprobs.pop();
-            }
-            out.finish = FinishReason::Stop;
-            break;
-        }
-        out.token_ids.push(tok);
-        history.push(tok);
-        let piece = stream.push(tok);
-        let (emit, hit) = stops.feed(&piece);
-        out.text.push_str(&emit);
-        on_text(&emit);
+        self.out.token_ids.push(tok);
+        self.history.push(tok);
+        step.token = Some(tok);
+        let piece = self.stream.push(tok);
+        let (emit, hit) = self.stops.feed(&piece);
+        self.out.text.push_str(&emit);
+        step.text = emit;
         if hit {
-            out.finish = FinishReason::Stop;
-            break;
+            self.finished = true;
+            self.out.finish = FinishReason::Stop;
+        } else if self.out.token_ids.len() >= self.budget {
+            step.text.push_str(&self.end(FinishReason::Length));
+        } else {
+            step.next = Some(tok);
         }
-        if out.token_ids.len() >= budget {
-            break;
-        }
-        backend.decode(tok)?;
-        out.decode_steps += 1;
+        step
     }
-    if out.finish == FinishReason::Length {
-        let rest = stream.finish();
-        let (mut emit, _) = stops.feed(&rest);
-        emit.push_str(&stops.flush());
-        out.text.push_str(&emit);
-        on_text(&emit);
+
+    /// Finishes with `why`, flushing held-back text; returns that text.
+    fn end(&mut self, why: FinishReason) -> String {
+        self.finished = true;
+        self.out.finish = why;
+        let rest = self.stream.finish();
+        let (mut emit, _) = self.stops.feed(&rest);
+        emit.push_str(&self.stops.flush());
+        self.out.text.push_str(&emit);
+        emit
     }
-    out.decode_secs = t1.elapsed().as_secs_f64();
-    Ok(out)
+
+    pub fn finish(self) -> Generated {
+        self.out
+    }
 }
 
 /// Finds stop sequences in streamed text, holding back any tail that might begin one.
-struct StopScanner<'a> {
-    stops: &'a [String],
+struct StopScanner {
+    stops: Vec<String>,
     pending: String,
 }
 
-impl<'a> StopScanner<'a> {
-    fn new(stops: &'a [String]) -> Self {
+impl StopScanner {
+    fn new(stops: Vec<String>) -> Self {
         StopScanner {
             stops,
             pending: String::new(),
@@ -148,7 +220,7 @@ impl<'a> StopScanner<'a> {
         }
         // Hold back the longest suffix that is a proper prefix of a stop sequence.
         let mut keep = 0;
-        for s in self.stops {
+        for s in &self.stops {
             for (i, _) in s.char_indices().skip(1) {
                 if self.pending.ends_with(&s[..i]) {
                     keep = keep.max(i);
@@ -173,11 +245,11 @@ mod tests {
     #[test]
     fn stop_scanner_holds_back_prefixes() {
         let stops = vec!["END".to_string()];
-        let mut s = StopScanner::new(&stops);
+        let mut s = StopScanner::new(stops.clone());
         assert_eq!(s.feed("abc E"), ("abc ".to_string(), false));
         assert_eq!(s.feed("N"), (String::new(), false));
         assert_eq!(s.feed("Dx"), (String::new(), true));
-        let mut s = StopScanner::new(&stops);
+        let mut s = StopScanner::new(stops.clone());
         assert_eq!(s.feed("EN"), (String::new(), false));
         assert_eq!(s.feed("o"), ("ENo".to_string(), false));
         assert_eq!(s.flush(), "");
