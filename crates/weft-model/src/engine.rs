@@ -12,6 +12,7 @@ use crate::collective::Identity;
 use crate::error::ModelError;
 use crate::generate::{generate, Backend};
 use crate::kv::KvCache;
+use crate::local_batch::LocalBatch;
 use crate::model::{Logits, Model, DEFAULT_UBATCH};
 use crate::sampler::{logprob_of, SamplingParams};
 use crate::shard::ShardSpec;
@@ -107,6 +108,19 @@ impl Engine {
 
     pub fn n_ctx(&self) -> usize {
         self.kv.n_ctx
+    }
+
+    /// Turns this engine into a batching backend of `slots` sequences of `n_ctx` tokens.
+    pub fn into_batch(self, slots: usize, n_ctx: usize) -> (LocalBatch, Tokenizer) {
+        let Engine {
+            model,
+            tokenizer,
+            pool,
+            kv,
+            ..
+        } = self;
+        drop(kv);
+        (LocalBatch::new(model, pool, slots, n_ctx), tokenizer)
     }
 
     /// Runs `tokens` after what the cache holds and leaves the last token's logits.

@@ -2,12 +2,14 @@
 //! forward pass, KV cache, sampler, tokenizer glue, and the single-node engine.
 
 pub mod batch;
+pub mod batcher;
 pub mod collective;
 pub mod config;
 pub mod engine;
 pub mod error;
 pub mod generate;
 pub mod kv;
+pub mod local_batch;
 pub mod model;
 mod rows;
 pub mod sampler;
@@ -17,6 +19,8 @@ pub mod vocab;
 pub mod weights;
 
 pub use batch::SeqSpan;
+pub use batcher::{BatchBackend, BatchOptions, BatchStats, Batcher, Event, EventSink, Job};
+pub use local_batch::LocalBatch;
 pub use collective::{Collective, Identity, InProcess};
 pub use config::{Arch, ModelConfig};
 pub use engine::{Engine, FinishReason, GenerateRequest, Generated};

@@ -1,0 +1,352 @@
+//! Continuous batching: every active sequence decodes in one shared forward step (the
+//! weights are read once for all of them), new requests join between steps, long prompts
+//! are prefilled in chunks beside the running decodes, and requests beyond the cap on
+//! concurrent sequences wait in a queue. Synchronous: it runs on its own thread and talks
+//! to the HTTP side only through `Job`s and their `EventSink`s.
+
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::mpsc::{Receiver, TryRecvError};
+use std::sync::Arc;
+use std::time::Instant;
+
+use weft_tokenizer::Tokenizer;
+
+use crate::batch::SeqSpan;
+use crate::engine::{GenerateRequest, Generated};
+use crate::error::ModelError;
+use crate::generate::Sequence;
+
+/// Something that runs batched steps over a fixed set of sequence slots, each with its
+/// own KV cache: the whole model on this node, or a cluster.
+pub trait BatchBackend {
+    /// The most tokens one sequence may hold.
+    fn n_ctx(&self) -> usize;
+    /// How many sequences can be held at once.
+    fn slots(&self) -> usize;
+    /// The most token rows one step may carry.
+    fn max_rows(&self) -> usize;
+    /// Forgets slot `slot`'s sequence so a new one can start there.
+    fn reset(&mut self, slot: usize) -> Result<(), ModelError>;
+    /// Runs `tokens`, laid out as `spans` (each naming a slot), through the model.
+    fn step(&mut self, tokens: &[u32], spans: &[SeqSpan]) -> Result<(), ModelError>;
+    /// The logits of the `i`-th span that asked for them in the last step.
+    fn logits(&mut self, i: usize) -> &mut [f32];
+    /// log Σ exp over the full vocabulary when `logits(i)` holds only a top-k view.
+    fn log_normalizer(&self, _i: usize) -> Option<f32> {
+        None
+    }
+}
+
+/// What a request hears about its generation.
+#[derive(Debug)]
+pub enum Event {
+    /// Text that became safe to emit, and the token that produced it (None for text
+    /// flushed at the end), with its logprob and top alternatives when asked for.
+    Token {
+        text: String,
+        token: Option<u32>,
+        logprob: Option<(f32, Vec<(u32, f32)>)>,
+    },
+    /// The generation ended; timings are filled in (prefill: admission to first token).
+    Done(Generated),
+    /// The request could not run or its step failed.
+    Failed(ModelError),
+}
+
+/// Where a request's events go. `send` returns false once the client is gone, which
+/// cancels the generation and frees its slot.
+pub trait EventSink: Send {
+    fn send(&mut self, event: Event) -> bool;
+    /// Whether the client has gone away (checked between steps, even while queued).
+    fn is_closed(&self) -> bool;
+}
+
+/// One request for the batcher.
+pub struct Job {
+    pub req: GenerateRequest,
+    pub sink: Box<dyn EventSink>,
+}
+
+/// Scheduling limits.
+#[derive(Clone, Copy, Debug)]
+pub struct BatchOptions {
+    /// Most sequences decoding at once (at most the backend's slots).
+    pub max_seqs: usize,
+    /// Most prompt tokens a step carries while other sequences are decoding, so a long
+    /// prompt cannot stall running streams; with nothing decoding a step takes a full
+    /// micro-batch.
+    pub prefill_chunk: usize,
+}
+
+/// Live counters, read by the HTTP side for /v1/cluster and /health.
+#[derive(Debug, Default)]
+pub struct BatchStats {
+    pub active: AtomicUsize,
+    pub queued: AtomicUsize,
+    pub generated_tokens: AtomicU64,
+    pub prompt_tokens: AtomicU64,
+    pub steps: AtomicU64,
+    pub completed: AtomicU64,
+    pub cancelled: AtomicU64,
+    pub failed: AtomicU64,
+}
+
+/// A sequence holding a slot.
+struct Active<'t> {
+    slot: usize,
+    seq: Sequence<'t>,
+    prompt: Vec<u32>,
+    /// Prompt tokens already run.
+    fed: usize,
+    /// The token to run next once the prompt is done.
+    next: Option<u32>,
+    sink: Box<dyn EventSink>,
+    admitted: Instant,
+    first_token: Option<Instant>,
+    logprobs: bool,
+    /// Finished, cancelled or failed: its slot is released after this step.
+    gone: bool,
+    failed: bool,
+}
+
+/// The scheduler loop over one backend.
+pub struct Batcher<B: BatchBackend> {
+    backend: B,
+    tokenizer: Arc<Tokenizer>,
+    opts: BatchOptions,
+    stats: Arc<BatchStats>,
+}
+
+impl<B: BatchBackend> Batcher<B> {
+    pub fn new(backend: B, tokenizer: Arc<Tokenizer>, opts: BatchOptions) -> Self {
+        let max_seqs = opts.max_seqs.clamp(1, backend.slots().max(1));
+        let prefill_chunk = opts.prefill_chunk.clamp(1, backend.max_rows().max(1));
+        Batcher {
+            backend,
+            tokenizer,
+            opts: BatchOptions {
+                max_seqs,
+                prefill_chunk,
+            },
+            stats: Arc::new(BatchStats::default()),
+        }
+    }
+
+    pub fn stats(&self) -> Arc<BatchStats> {
+        self.stats.clone()
+    }
+
+    pub fn options(&self) -> BatchOptions {
+        self.opts
+    }
+
+    /// Serves jobs until `jobs` is closed and every admitted sequence has finished.
+    pub fn run(mut self, jobs: Receiver<Job>) {
+        let tokenizer = self.tokenizer.clone();
+        let tok: &Tokenizer = &tokenizer;
+        let mut queue: VecDeque<Job> = VecDeque::new();
+        let mut active: Vec<Active<'_>> = Vec::new();
+        let mut free: Vec<usize> = (0..self.opts.max_seqs).rev().collect();
+        let max_rows = self.backend.max_rows();
+        let mut tokens: Vec<u32> = Vec::with_capacity(max_rows);
+        let mut spans: Vec<SeqSpan> = Vec::with_capacity(max_rows);
+        // Index into `active` of each span that asked for logits, in span order.
+        let mut wanting: Vec<usize> = Vec::with_capacity(max_rows);
+        let mut open = true;
+        loop {
+            // Take in whatever arrived; block only when there is nothing else to do.
+            while open {
+                let next = if active.is_empty() && queue.is_empty() {
+                    jobs.recv().map_err(|_| TryRecvError::Disconnected)
+                } else {
+                    jobs.try_recv()
+                };
+                match next {
+                    Ok(job) => queue.push_back(job),
+                    Err(TryRecvError::Empty) => break,
+                    Err(TryRecvError::Disconnected) => open = false,
+                }
+            }
+            queue.retain(|j| {
+                let keep = !j.sink.is_closed();
+                if !keep {
+                    self.stats.cancelled.fetch_add(1, Ordering::Relaxed);
+                }
+                keep
+            });
+            while let (Some(_), Some(&slot)) = (queue.front(), free.last()) {
+                let Some(mut job) = queue.pop_front() else {
+                    break;
+                };
+                match Sequence::start(tok, &job.req, self.backend.n_ctx()) {
+                    Ok(seq) => {
+                        if let Err(e) = self.backend.reset(slot) {
+                            job.sink.send(Event::Failed(e));
+                            self.stats.failed.fetch_add(1, Ordering::Relaxed);
+                            continue;
+                        }
+                        free.pop();
+                        self.stats
+                            .prompt_tokens
+                            .fetch_add(job.req.prompt_ids.len() as u64, Ordering::Relaxed);
+                        active.push(Active {
+                            slot,
+                            seq,
+                            prompt: job.req.prompt_ids,
+                            fed: 0,
+                            next: None,
+                            sink: job.sink,
+                            admitted: Instant::now(),
+                            first_token: None,
+                            logprobs: job.req.logprobs > 0,
+                            gone: false,
+                            failed: false,
+                        });
+                    }
+                    Err(e) => {
+                        job.sink.send(Event::Failed(e));
+                        self.stats.failed.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+            }
+            for a in active.iter_mut() {
+                a.gone |= a.sink.is_closed();
+            }
+            self.release(&mut active, &mut free);
+            self.stats.active.store(active.len(), Ordering::Relaxed);
+            self.stats.queued.store(queue.len(), Ordering::Relaxed);
+            if active.is_empty() {
+                if !open && queue.is_empty() {
+                    return;
+                }
+                continue;
+            }
+
+            // Lay out the step: every decoding sequence's next token, then prompt chunks.
+            tokens.clear();
+            spans.clear();
+            wanting.clear();
+            for (i, a) in active.iter().enumerate() {
+                if let Some(t) = a.next {
+                    tokens.push(t);
+                    spans.push(SeqSpan {
+                        cache: a.slot,
+                        n_tokens: 1,
+                        logits: true,
+                    });
+                    wanting.push(i);
+                }
+            }
+            let mut budget = if tokens.is_empty() {
+                max_rows
+            } else {
+                self.opts.prefill_chunk.min(max_rows - tokens.len())
+            };
+            for (i, a) in active.iter_mut().enumerate() {
+                if budget == 0 {
+                    break;
+                }
+                let left = a.prompt.len() - a.fed;
+                if left == 0 {
+                    continue;
+                }
+                let n = left.min(budget);
+                tokens.extend_from_slice(&a.prompt[a.fed..a.fed + n]);
+                a.fed += n;
+                spans.push(SeqSpan {
+                    cache: a.slot,
+                    n_tokens: n,
+                    logits: n == left,
+                });
+                // Decode spans come first and prompt spans follow in `active` order, so
+                // `wanting` stays in span order.
+                if n == left {
+                    wanting.push(i);
+                }
+                budget -= n;
+            }
+            if let Err(e) = self.backend.step(&tokens, &spans) {
+                let msg = e.to_string();
+                tracing::warn!("batched step failed: {msg}");
+                for a in active.iter_mut() {
+                    a.sink
+                        .send(Event::Failed(ModelError::Collective(msg.clone())));
+                    a.gone = true;
+                    a.failed = true;
+                    self.stats.failed.fetch_add(1, Ordering::Relaxed);
+                }
+                self.release(&mut active, &mut free);
+                continue;
+            }
+            self.stats.steps.fetch_add(1, Ordering::Relaxed);
+
+            for (k, &i) in wanting.iter().enumerate() {
+                let norm = self.backend.log_normalizer(k);
+                let a = &mut active[i];
+                let now = Instant::now();
+                if a.first_token.is_none() {
+                    a.first_token = Some(now);
+                } else {
+                    a.seq.out.decode_steps += 1;
+                }
+                let step = a.seq.advance(self.backend.logits(k), norm);
+                a.next = step.next;
+                if step.token.is_some() {
+                    self.stats.generated_tokens.fetch_add(1, Ordering::Relaxed);
+                }
+                if step.token.is_some() || !step.text.is_empty() {
+                    let logprob = match (a.logprobs, step.token) {
+                        (true, Some(_)) => a.seq.out.logprobs.last().cloned(),
+                        _ => None,
+                    };
+                    let ev = Event::Token {
+                        text: step.text,
+                        token: step.token,
+                        logprob,
+                    };
+                    if !a.sink.send(ev) {
+                        a.gone = true;
+                        continue;
+                    }
+                }
+                if a.seq.is_finished() {
+                    let first = a.first_token.unwrap_or(now);
+                    a.seq.out.prefill_secs = (first - a.admitted).as_secs_f64();
+                    a.seq.out.decode_secs = (now - first).as_secs_f64();
+                    let out = std::mem::replace(&mut a.seq.out, empty_generated());
+                    a.sink.send(Event::Done(out));
+                    self.stats.completed.fetch_add(1, Ordering::Relaxed);
+                    a.gone = true;
+                }
+            }
+            self.release(&mut active, &mut free);
+        }
+    }
+
+    /// Drops finished and cancelled sequences, returning their slots.
+    fn release(&self, active: &mut Vec<Active<'_>>, free: &mut Vec<usize>) {
+        active.retain(|a| {
+            if a.gone {
+                if !a.seq.is_finished() && !a.failed {
+                    self.stats.cancelled.fetch_add(1, Ordering::Relaxed);
+                }
+                free.push(a.slot);
+            }
+            !a.gone
+        });
+    }
+}
+
+fn empty_generated() -> Generated {
+    Generated {
+        token_ids: Vec::new(),
+        text: String::new(),
+        finish: crate::engine::FinishReason::Stop,
+        logprobs: Vec::new(),
+        prefill_tokens: 0,
+        prefill_secs: 0.0,
+        decode_steps: 0,
+        decode_secs: 0.0,
+    }
+}
