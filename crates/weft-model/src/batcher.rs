@@ -1,6 +1,6 @@
 //! Continuous batching: every active sequence decodes in one shared forward step (the
 //! weights are read once for all of them), new requests join between steps, long prompts
-//! are prefilled in chunks beside the running decodes, and requests beyond the cap on
+//! are prefilled in chunks between the running decodes, and requests beyond the cap on
 //! concurrent sequences wait in a queue. Synchronous: it runs on its own thread and talks
 //! to the HTTP side only through `Job`s and their `EventSink`s.
 
@@ -74,8 +74,8 @@ pub struct BatchOptions {
     /// Most sequences decoding at once (at most the backend's slots).
     pub max_seqs: usize,
     /// Most prompt tokens a step carries while other sequences are decoding, so a long
-    /// prompt cannot stall running streams; with nothing decoding a step takes a full
-    /// micro-batch.
+    /// prompt stalls running streams for at most one such chunk per token; with nothing
+    /// decoding a step takes a full micro-batch.
     pub prefill_chunk: usize,
 }
 
@@ -154,6 +154,7 @@ impl<B: BatchBackend> Batcher<B> {
         // Index into `active` of each span that asked for logits, in span order.
         let mut wanting: Vec<usize> = Vec::with_capacity(max_rows);
         let mut open = true;
+        let mut last_was_prefill = false;
         loop {
             // Take in whatever arrived; block only when there is nothing else to do.
             while open {
@@ -223,48 +224,57 @@ impl<B: BatchBackend> Batcher<B> {
                 continue;
             }
 
-            // Lay out the step: every decoding sequence's next token, then prompt chunks.
+            // Lay out the step. A step carries either prompt chunks or every decoding
+            // sequence's next token, alternating while both are waiting: a new short
+            // prompt then gets its first token after one short step instead of after a
+            // step loaded with everyone's decode, and running streams lose the same time
+            // either way (the chunk's work is done once whichever step carries it).
             tokens.clear();
             spans.clear();
             wanting.clear();
-            for (i, a) in active.iter().enumerate() {
-                if let Some(t) = a.next {
-                    tokens.push(t);
+            let prefilling = active.iter().any(|a| a.fed < a.prompt.len());
+            let decoding = active.iter().any(|a| a.next.is_some());
+            let prefill_step = prefilling && !(decoding && last_was_prefill);
+            last_was_prefill = prefill_step;
+            if prefill_step {
+                let mut budget = if decoding {
+                    self.opts.prefill_chunk
+                } else {
+                    max_rows
+                };
+                for (i, a) in active.iter_mut().enumerate() {
+                    let left = a.prompt.len() - a.fed;
+                    if budget == 0 {
+                        break;
+                    }
+                    if left == 0 {
+                        continue;
+                    }
+                    let n = left.min(budget);
+                    tokens.extend_from_slice(&a.prompt[a.fed..a.fed + n]);
+                    a.fed += n;
                     spans.push(SeqSpan {
                         cache: a.slot,
-                        n_tokens: 1,
-                        logits: true,
+                        n_tokens: n,
+                        logits: n == left,
                     });
-                    wanting.push(i);
+                    if n == left {
+                        wanting.push(i);
+                    }
+                    budget -= n;
                 }
-            }
-            let mut budget = if tokens.is_empty() {
-                max_rows
             } else {
-                self.opts.prefill_chunk.min(max_rows - tokens.len())
-            };
-            for (i, a) in active.iter_mut().enumerate() {
-                if budget == 0 {
-                    break;
+                for (i, a) in active.iter().enumerate() {
+                    if let Some(t) = a.next {
+                        tokens.push(t);
+                        spans.push(SeqSpan {
+                            cache: a.slot,
+                            n_tokens: 1,
+                            logits: true,
+                        });
+                        wanting.push(i);
+                    }
                 }
-                let left = a.prompt.len() - a.fed;
-                if left == 0 {
-                    continue;
-                }
-                let n = left.min(budget);
-                tokens.extend_from_slice(&a.prompt[a.fed..a.fed + n]);
-                a.fed += n;
-                spans.push(SeqSpan {
-                    cache: a.slot,
-                    n_tokens: n,
-                    logits: n == left,
-                });
-                // Decode spans come first and prompt spans follow in `active` order, so
-                // `wanting` stays in span order.
-                if n == left {
-                    wanting.push(i);
-                }
-                budget -= n;
             }
             if let Err(e) = self.backend.step(&tokens, &spans) {
                 let msg = e.to_string();
@@ -335,6 +345,7 @@ impl<B: BatchBackend> Batcher<B> {
             }
             !a.gone
         });
+        self.stats.active.store(active.len(), Ordering::Relaxed);
     }
 }
 

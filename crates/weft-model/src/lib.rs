@@ -20,13 +20,13 @@ pub mod weights;
 
 pub use batch::SeqSpan;
 pub use batcher::{BatchBackend, BatchOptions, BatchStats, Batcher, Event, EventSink, Job};
-pub use local_batch::LocalBatch;
 pub use collective::{Collective, Identity, InProcess};
 pub use config::{Arch, ModelConfig};
 pub use engine::{Engine, FinishReason, GenerateRequest, Generated};
 pub use error::ModelError;
 pub use generate::{generate, Backend};
 pub use kv::KvCache;
+pub use local_batch::LocalBatch;
 pub use model::{granularity, Logits, Model, DEFAULT_UBATCH};
 pub use sampler::{Sampler, SamplingParams};
 pub use shard::ShardSpec;

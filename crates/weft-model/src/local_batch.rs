@@ -22,12 +22,22 @@ impl LocalBatch {
     /// `slots` sequences of up to `n_ctx` tokens each.
     pub fn new(model: Model, pool: ThreadPool, slots: usize, n_ctx: usize) -> Self {
         let n_ctx = n_ctx.min(model.cfg.n_ctx_train).max(1);
-        let caches = (0..slots.max(1)).map(|_| model.new_cache(n_ctx)).collect();
+        let mut caches: Vec<KvCache> = (0..slots.max(1)).map(|_| model.new_cache(n_ctx)).collect();
+        let mut logits = vec![0f32; caches.len() * model.vocab_range().len()];
+        // Touch every page now, so serving's memory is resident from the start and a
+        // busy spell leaves nothing behind (zeroed allocations are mapped lazily).
+        for c in caches.iter_mut() {
+            for l in c.layers.iter_mut() {
+                prefault(&mut l.k);
+                prefault(&mut l.v);
+            }
+        }
+        prefault(&mut logits);
         LocalBatch {
             model,
             caches,
             pool,
-            logits: Vec::new(),
+            logits,
             n_ctx,
         }
     }
@@ -73,5 +83,13 @@ impl BatchBackend for LocalBatch {
     fn logits(&mut self, i: usize) -> &mut [f32] {
         let n = self.model.vocab_range().len();
         &mut self.logits[i * n..(i + 1) * n]
+    }
+}
+
+/// Writes one float per 4 KiB page so the kernel maps the whole buffer.
+fn prefault(buf: &mut [f32]) {
+    for i in (0..buf.len()).step_by(1024) {
+        // SAFETY: i < buf.len(); volatile so the store to calloc'd zeros is not elided.
+        unsafe { std::ptr::write_volatile(buf.as_mut_ptr().add(i), 0.0) };
     }
 }

@@ -49,7 +49,11 @@ fn batched_steps_equal_sequences_run_alone() {
     let pb: Vec<u32> = (0..9).map(|i| 7 + (i * 53) % 500).collect();
     let pc: Vec<u32> = vec![11, 260, 301];
     let (da, db, dc) = ([300u32, 17], [5u32, 99], [42u32]);
-    for (ty, tol) in [(GgmlType::F32, 1e-4), (GgmlType::Q8_0, 1e-3), (GgmlType::Q4_K, 1e-3)] {
+    for (ty, tol) in [
+        (GgmlType::F32, 1e-4),
+        (GgmlType::Q8_0, 1e-3),
+        (GgmlType::Q4_K, 1e-3),
+    ] {
         for arch in [Arch::Gemma3, Arch::Llama, Arch::Qwen3] {
             let f = write_synthetic(dir.path(), arch, ty);
             let cfg = ModelConfig::from_gguf(&f).unwrap();
@@ -74,7 +78,10 @@ fn batched_steps_equal_sequences_run_alone() {
             let what = format!("{} {ty}", arch.name());
             let check = |name: &str, got: &[f32], want: &[f32]| {
                 let d = max_rel(want, got);
-                assert!(d <= tol, "{what} {name}: batched differs by {d} of max |logit|");
+                assert!(
+                    d <= tol,
+                    "{what} {name}: batched differs by {d} of max |logit|"
+                );
             };
             // Two prompts prefilled together in chunks (cache order differs from span order).
             step(

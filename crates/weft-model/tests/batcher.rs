@@ -54,12 +54,20 @@ fn batched_requests_match_running_alone() {
     let prompts: Vec<Vec<u32>> = [5usize, 17, 150, 2, 40]
         .iter()
         .enumerate()
-        .map(|(k, &n)| (0..n).map(|i| 4 + ((i * 31 + k * 7) % 500) as u32).collect())
+        .map(|(k, &n)| {
+            (0..n)
+                .map(|i| 4 + ((i * 31 + k * 7) % 500) as u32)
+                .collect()
+        })
         .collect();
     let mut alone = Engine::load(&path, 2, 512, &mut |_, _| {}).unwrap();
     let want: Vec<_> = prompts
         .iter()
-        .map(|p| alone.generate(&request(p.clone(), 12), &mut |_| {}).unwrap())
+        .map(|p| {
+            alone
+                .generate(&request(p.clone(), 12), &mut |_| {})
+                .unwrap()
+        })
         .collect();
     drop(alone);
 
@@ -114,20 +122,34 @@ fn batched_requests_match_running_alone() {
         }
     }
     for (i, w) in want.iter().enumerate() {
-        assert_eq!(w.token_ids.len(), 12, "request {i} runs to max_tokens alone");
-        let got = done[i].as_ref().unwrap_or_else(|| panic!("request {i} lost"));
+        assert_eq!(
+            w.token_ids.len(),
+            12,
+            "request {i} runs to max_tokens alone"
+        );
+        let got = done[i]
+            .as_ref()
+            .unwrap_or_else(|| panic!("request {i} lost"));
         assert_eq!(got.token_ids, w.token_ids, "request {i} tokens");
         assert_eq!(got.text, w.text, "request {i} text");
         assert_eq!(text[i], w.text, "request {i} streamed text");
         assert_eq!(got.finish, w.finish, "request {i} finish");
         assert_eq!(got.logprobs.len(), w.logprobs.len(), "request {i} logprobs");
         for (a, b) in got.logprobs.iter().zip(&w.logprobs) {
-            assert!((a.0 - b.0).abs() < 1e-3, "request {i} logprob {} vs {}", a.0, b.0);
+            assert!(
+                (a.0 - b.0).abs() < 1e-3,
+                "request {i} logprob {} vs {}",
+                a.0,
+                b.0
+            );
         }
     }
     assert_eq!(failed.len(), 1);
     assert!(failed[0].contains("600 tokens"), "{}", failed[0]);
-    assert_eq!(stats.completed.load(Ordering::Relaxed), prompts.len() as u64);
+    assert_eq!(
+        stats.completed.load(Ordering::Relaxed),
+        prompts.len() as u64
+    );
     assert_eq!(stats.cancelled.load(Ordering::Relaxed), 1);
     assert_eq!(stats.failed.load(Ordering::Relaxed), 1);
     assert_eq!(stats.active.load(Ordering::Relaxed), 0);

@@ -30,6 +30,9 @@ pub struct BenchArgs {
     pub decode: usize,
     #[arg(long, short = 'r', default_value_t = 5)]
     pub reps: usize,
+    /// Also decode this many sequences together in batched steps (aggregate tok/s).
+    #[arg(long, default_value_t = 1)]
+    pub batch: usize,
     /// Skip the memory-bandwidth probe.
     #[arg(long)]
     pub no_bandwidth: bool,
@@ -49,6 +52,8 @@ pub struct BenchArgs {
 pub enum BenchWhat {
     /// All-reduce latency, ping-pong and bandwidth between local ranks (processes).
     Comm(crate::bench_comm::CommBenchArgs),
+    /// Streams against `weft serve`: aggregate and per-stream tok/s, time to first token.
+    Serve(crate::bench_serve::ServeBenchArgs),
     /// One rank of `bench comm` (started by it).
     #[command(hide = true)]
     CommRank(crate::bench_comm::CommRankArgs),
@@ -57,6 +62,7 @@ pub enum BenchWhat {
 pub fn run(a: BenchArgs) -> Result<()> {
     match a.what {
         Some(BenchWhat::Comm(c)) => return crate::bench_comm::run(c),
+        Some(BenchWhat::Serve(c)) => return crate::bench_serve::run(c),
         Some(BenchWhat::CommRank(c)) => return crate::bench_comm::run_rank(c),
         None => {}
     }
@@ -101,6 +107,9 @@ pub fn run(a: BenchArgs) -> Result<()> {
             tg.push(a.decode as f64 / t.elapsed().as_secs_f64());
         }
     }
+    let batched = (a.batch > 1)
+        .then(|| batched_decode(&mut engine, a.batch, a.decode.max(1), a.reps.max(1), bos))
+        .transpose()?;
     let bytes_per_token = engine.model.weight_bytes_per_token();
     let rss = peak_rss_bytes(); // before the bandwidth probe's buffer
     let bandwidth = if a.no_bandwidth {
@@ -130,6 +139,8 @@ pub fn run(a: BenchArgs) -> Result<()> {
                 "peak_rss_bytes": rss,
                 "file_bytes": file_bytes,
                 "kv_bytes": kv_bytes,
+                "batch": a.batch,
+                "batch_tg_tok_s": batched,
             })
         );
     } else {
@@ -139,6 +150,14 @@ pub fn run(a: BenchArgs) -> Result<()> {
         );
         println!("pp{:<5} {pp_med:8.1} tok/s  ± {pp_sd:.1}", a.prefill);
         println!("tg{:<5} {tg_med:8.1} tok/s  ± {tg_sd:.1}", a.decode);
+        if let Some(b) = batched {
+            println!(
+                "tg{:<5} {b:8.1} tok/s  aggregate of {} sequences in batched steps ({:.2}x)",
+                a.decode,
+                a.batch,
+                b / tg_med.max(1e-9)
+            );
+        }
         println!(
             "bytes read per decoded token: {:.1} MB",
             bytes_per_token as f64 / 1e6
@@ -160,6 +179,52 @@ pub fn run(a: BenchArgs) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// Median aggregate tok/s of `b` sequences decoding `n` tokens each, one batched step
+/// per token for all of them.
+fn batched_decode(
+    engine: &mut weft_model::Engine,
+    b: usize,
+    n: usize,
+    reps: usize,
+    bos: u32,
+) -> Result<f64> {
+    use weft_model::{Identity, SeqSpan};
+    let model = &mut engine.model;
+    let mut caches: Vec<_> = (0..b).map(|_| model.new_cache(n + 8)).collect();
+    let spans: Vec<SeqSpan> = (0..b)
+        .map(|i| SeqSpan {
+            cache: i,
+            n_tokens: 1,
+            logits: true,
+        })
+        .collect();
+    let n_v = model.vocab_range().len();
+    let mut logits = Vec::new();
+    let mut rates = Vec::new();
+    for _ in 0..reps {
+        caches.iter_mut().for_each(|c| c.clear());
+        let mut toks = vec![bos; b];
+        let t = Instant::now();
+        for _ in 0..n {
+            model
+                .forward_batch(
+                    &toks,
+                    &spans,
+                    &mut caches,
+                    &mut Identity,
+                    &engine.pool,
+                    &mut logits,
+                )
+                .context("batched decode")?;
+            for (i, tok) in toks.iter_mut().enumerate() {
+                *tok = weft_model::sampler::argmax(&logits[i * n_v..(i + 1) * n_v]);
+            }
+        }
+        rates.push((b * n) as f64 / t.elapsed().as_secs_f64());
+    }
+    Ok(median_sd(&rates).0)
 }
 
 fn median_sd(v: &[f64]) -> (f64, f64) {

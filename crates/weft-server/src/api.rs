@@ -1,0 +1,318 @@
+//! OpenAI request bodies and their checks: what `/v1/chat/completions` and
+//! `/v1/completions` accept, parsed so that a bad body names the field at fault.
+
+use serde::de::DeserializeOwned;
+use serde::Deserialize;
+
+use crate::error::ApiError;
+
+/// Parses a JSON body; errors name the field path (`messages[0].content`) and the problem.
+pub fn parse_body<T: DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {
+    let de = &mut serde_json::Deserializer::from_slice(body);
+    serde_path_to_error::deserialize(de).map_err(|e| {
+        let path = e.path().to_string();
+        let inner = e.into_inner();
+        let param = if path == "." { String::new() } else { path };
+        let at = if param.is_empty() {
+            String::new()
+        } else {
+            format!(" (field '{param}')")
+        };
+        ApiError::bad_request(param, format!("invalid request body: {inner}{at}"))
+    })
+}
+
+/// A string or a list of strings (`stop`).
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+pub enum OneOrMany {
+    One(String),
+    Many(Vec<String>),
+}
+
+impl OneOrMany {
+    fn into_vec(self) -> Vec<String> {
+        match self {
+            OneOrMany::One(s) => vec![s],
+            OneOrMany::Many(v) => v,
+        }
+    }
+}
+
+/// Message content: a string, or a list of parts of which only text is supported.
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+pub enum Content {
+    Text(String),
+    Parts(Vec<ContentPart>),
+}
+
+#[derive(Debug, Deserialize)]
+pub struct ContentPart {
+    #[serde(rename = "type")]
+    pub kind: String,
+    #[serde(default)]
+    pub text: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+pub struct ChatMessage {
+    pub role: String,
+    #[serde(default)]
+    pub content: Option<Content>,
+}
+
+#[derive(Debug, Deserialize)]
+pub struct StreamOptions {
+    #[serde(default)]
+    pub include_usage: bool,
+}
+
+/// The options both endpoints share.
+#[derive(Debug, Deserialize)]
+pub struct CommonOptions {
+    pub model: String,
+    #[serde(default)]
+    pub max_tokens: Option<i64>,
+    #[serde(default)]
+    pub max_completion_tokens: Option<i64>,
+    #[serde(default)]
+    pub temperature: Option<f32>,
+    #[serde(default)]
+    pub top_p: Option<f32>,
+    #[serde(default)]
+    pub seed: Option<i64>,
+    #[serde(default)]
+    pub stop: Option<OneOrMany>,
+    #[serde(default)]
+    pub stream: Option<bool>,
+    #[serde(default)]
+    pub stream_options: Option<StreamOptions>,
+    #[serde(default)]
+    pub n: Option<i64>,
+}
+
+#[derive(Debug, Deserialize)]
+pub struct ChatRequest {
+    pub messages: Vec<ChatMessage>,
+    #[serde(default)]
+    pub logprobs: Option<bool>,
+    #[serde(default)]
+    pub top_logprobs: Option<i64>,
+    #[serde(flatten)]
+    pub common: CommonOptions,
+}
+
+/// A prompt as text or token ids (one prompt: `n` and batches of prompts are not served).
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+pub enum Prompt {
+    Text(String),
+    Tokens(Vec<i64>),
+    TextList(Vec<String>),
+    TokenLists(Vec<Vec<i64>>),
+}
+
+#[derive(Debug, Deserialize)]
+pub struct CompletionRequest {
+    pub prompt: Prompt,
+    /// Legacy completions: how many top logprobs per token (0: only the chosen one's).
+    #[serde(default)]
+    pub logprobs: Option<i64>,
+    #[serde(default)]
+    pub echo: Option<bool>,
+    #[serde(flatten)]
+    pub common: CommonOptions,
+}
+
+/// Checked generation options.
+#[derive(Clone, Debug)]
+pub struct GenOptions {
+    /// None: up to the context's end.
+    pub max_tokens: Option<usize>,
+    pub temperature: f32,
+    pub top_p: f32,
+    pub seed: u64,
+    pub stop: Vec<String>,
+    pub stream: bool,
+    pub include_usage: bool,
+    /// Report logprobs, with this many alternatives per token.
+    pub logprobs: Option<usize>,
+}
+
+/// Most alternatives per token, as OpenAI allows.
+pub const MAX_TOP_LOGPROBS: i64 = 20;
+/// Most stop sequences, as OpenAI allows.
+pub const MAX_STOPS: usize = 4;
+
+impl CommonOptions {
+    /// Checks the shared options against the served model and context size.
+    pub fn check(
+        self,
+        served_model: &str,
+        n_ctx: usize,
+        default_max_tokens: Option<usize>,
+        logprobs: Option<usize>,
+    ) -> Result<GenOptions, ApiError> {
+        if self.model != served_model {
+            return Err(ApiError::bad_request(
+                "model",
+                format!(
+                    "model '{}' is not served here; this server serves '{served_model}'",
+                    self.model
+                ),
+            )
+            .with_code("model_not_found"));
+        }
+        if let Some(n) = self.n {
+            if n != 1 {
+                return Err(ApiError::bad_request(
+                    "n",
+                    format!("n = {n}: only n = 1 is supported"),
+                ));
+            }
+        }
+        let (field, asked) = match (self.max_completion_tokens, self.max_tokens) {
+            (Some(v), _) => ("max_completion_tokens", Some(v)),
+            (None, v) => ("max_tokens", v),
+        };
+        let max_tokens = match asked {
+            Some(v) if v < 1 => {
+                return Err(ApiError::bad_request(
+                    field,
+                    format!("{field} = {v} must be at least 1"),
+                ))
+            }
+            Some(v) if v as u64 >= n_ctx as u64 => {
+                return Err(ApiError::bad_request(
+                    field,
+                    format!("{field} = {v} exceeds the context of {n_ctx} tokens"),
+                ))
+            }
+            Some(v) => Some(v as usize),
+            None => default_max_tokens,
+        };
+        let temperature = self.temperature.unwrap_or(1.0);
+        if !(0.0..=2.0).contains(&temperature) {
+            return Err(ApiError::bad_request(
+                "temperature",
+                format!("temperature = {temperature} must be between 0 and 2"),
+            ));
+        }
+        let top_p = self.top_p.unwrap_or(1.0);
+        if !(top_p > 0.0 && top_p <= 1.0) {
+            return Err(ApiError::bad_request(
+                "top_p",
+                format!("top_p = {top_p} must be in (0, 1]"),
+            ));
+        }
+        let stop = self.stop.map(OneOrMany::into_vec).unwrap_or_default();
+        if stop.len() > MAX_STOPS {
+            return Err(ApiError::bad_request(
+                "stop",
+                format!("{} stop sequences; at most {MAX_STOPS}", stop.len()),
+            ));
+        }
+        let stream = self.stream.unwrap_or(false);
+        Ok(GenOptions {
+            max_tokens,
+            temperature,
+            top_p,
+            seed: self.seed.map(|s| s as u64).unwrap_or_else(rand::random),
+            stop,
+            stream,
+            include_usage: stream
+                && self
+                    .stream_options
+                    .map(|o| o.include_usage)
+                    .unwrap_or(false),
+            logprobs,
+        })
+    }
+}
+
+/// Checks a top-logprobs count.
+pub fn check_top_logprobs(field: &str, v: i64) -> Result<usize, ApiError> {
+    if !(0..=MAX_TOP_LOGPROBS).contains(&v) {
+        return Err(ApiError::bad_request(
+            field,
+            format!("{field} = {v} must be between 0 and {MAX_TOP_LOGPROBS}"),
+        ));
+    }
+    Ok(v as usize)
+}
+
+impl ChatMessage {
+    /// The message's text (text parts joined); other part types are refused.
+    pub fn text(&self, index: usize) -> Result<String, ApiError> {
+        match &self.content {
+            None => Ok(String::new()),
+            Some(Content::Text(s)) => Ok(s.clone()),
+            Some(Content::Parts(parts)) => {
+                let mut out = String::new();
+                for (j, p) in parts.iter().enumerate() {
+                    match (p.kind.as_str(), &p.text) {
+                        ("text", Some(t)) => out.push_str(t),
+                        (kind, _) => {
+                            return Err(ApiError::bad_request(
+                                format!("messages[{index}].content[{j}]"),
+                                format!(
+                                    "content part of type '{kind}' is not supported (text only)"
+                                ),
+                            ))
+                        }
+                    }
+                }
+                Ok(out)
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bad_bodies_name_the_field() {
+        let e =
+            parse_body::<ChatRequest>(br#"{"model":"m","messages":[{"role":"user","content":5}]}"#)
+                .unwrap_err();
+        assert_eq!(e.status, 400);
+        assert!(
+            e.param.as_deref().unwrap_or("").starts_with("messages"),
+            "{e:?}"
+        );
+        let e = parse_body::<ChatRequest>(br#"{"model":"m"}"#).unwrap_err();
+        assert!(e.message.contains("messages"), "{e:?}");
+        let e = parse_body::<ChatRequest>(b"{not json").unwrap_err();
+        assert_eq!(e.status, 400);
+    }
+
+    #[test]
+    fn options_are_checked() {
+        let opts = |body: &str| {
+            parse_body::<ChatRequest>(body.as_bytes())
+                .unwrap()
+                .common
+                .check("m", 100, None, None)
+        };
+        let base = r#""model":"m","messages":[]"#;
+        assert!(opts(&format!("{{{base},\"max_tokens\":5}}")).is_ok());
+        let e = opts(&format!("{{{base},\"max_tokens\":-1}}")).unwrap_err();
+        assert_eq!(e.param.as_deref(), Some("max_tokens"));
+        let e = opts(&format!("{{{base},\"max_tokens\":100}}")).unwrap_err();
+        assert!(e.message.contains("context of 100"), "{}", e.message);
+        let e = opts(r#"{"model":"x","messages":[]}"#).unwrap_err();
+        assert_eq!(e.param.as_deref(), Some("model"));
+        let e = opts(&format!("{{{base},\"n\":2}}")).unwrap_err();
+        assert_eq!(e.param.as_deref(), Some("n"));
+        let e = opts(&format!("{{{base},\"temperature\":3}}")).unwrap_err();
+        assert_eq!(e.param.as_deref(), Some("temperature"));
+        let o = opts(&format!("{{{base},\"stop\":\"x\",\"seed\":7,\"stream\":true,\"stream_options\":{{\"include_usage\":true}}}}")).unwrap();
+        assert_eq!(
+            (o.stop, o.seed, o.include_usage),
+            (vec!["x".to_string()], 7, true)
+        );
+    }
+}

@@ -1,0 +1,262 @@
+//! `weft serve` as its users meet it: a real server process on a real socket with the real
+//! model, driven by the `openai` Python package, by curl for the SSE framing, and by many
+//! concurrent streams; a client that hangs up must free its slot.
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+
+use serde_json::Value;
+
+const KEY: &str = "test-key-123";
+
+fn real_model() -> Option<PathBuf> {
+    let home = std::env::var_os("WEFT_HOME")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            PathBuf::from(std::env::var_os("HOME").unwrap_or_default()).join(".cache/weft")
+        });
+    let p = home.join("models/gemma-3-270m-q4_k_m.gguf");
+    if p.exists() {
+        return Some(p);
+    }
+    eprintln!("skipping: {} is not present (run `weft pull`)", p.display());
+    None
+}
+
+/// A Python with the `openai` package: WEFT_PYTHON, the venv `.ci/run` makes, or python3.
+/// Missing is a skip, or a failure where WEFT_REQUIRE_OPENAI=1 (as CI sets).
+fn python() -> Option<PathBuf> {
+    let venv = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target/pyenv/bin/python");
+    let candidates: Vec<PathBuf> = std::env::var_os("WEFT_PYTHON")
+        .map(PathBuf::from)
+        .into_iter()
+        .chain([venv, PathBuf::from("python3")])
+        .collect();
+    for p in candidates {
+        let ok = Command::new(&p)
+            .args(["-c", "import openai"])
+            .output()
+            .map(|o| o.status.success())
+            .unwrap_or(false);
+        if ok {
+            return Some(p);
+        }
+    }
+    assert!(
+        std::env::var("WEFT_REQUIRE_OPENAI").as_deref() != Ok("1"),
+        "no Python with the openai package (WEFT_REQUIRE_OPENAI=1)"
+    );
+    eprintln!("skipping: no Python with the openai package (pip install openai)");
+    None
+}
+
+struct Server {
+    child: Child,
+    url: String,
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Server {
+    fn start(model: &Path, extra: &[&str]) -> Server {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_weft"))
+            .args(["serve", "--port", "0", "--api-key", KEY, "--ctx", "1024"])
+            .arg("--model")
+            .arg(model)
+            .args(extra)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("starting weft serve");
+        let out = child.stdout.take().expect("server stdout");
+        let mut line = String::new();
+        BufReader::new(out).read_line(&mut line).unwrap();
+        let url = line
+            .trim()
+            .strip_prefix("listening on ")
+            .unwrap_or_else(|| panic!("weft serve printed {line:?}"))
+            .to_string();
+        Server { child, url }
+    }
+
+    fn rss_kb(&self) -> u64 {
+        let s = std::fs::read_to_string(format!("/proc/{}/status", self.child.id())).unwrap();
+        s.lines()
+            .find(|l| l.starts_with("VmRSS:"))
+            .and_then(|l| l.split_whitespace().nth(1))
+            .and_then(|v| v.parse().ok())
+            .unwrap()
+    }
+
+    fn curl(&self, args: &[&str]) -> (String, String) {
+        let out = Command::new("curl")
+            .args(["-sS", "-H", &format!("Authorization: Bearer {KEY}")])
+            .args(args)
+            .output()
+            .expect("running curl");
+        (
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    }
+
+    fn get(&self, path: &str) -> Value {
+        let (body, err) = self.curl(&[&format!("{}{path}", self.url)]);
+        serde_json::from_str(&body).unwrap_or_else(|e| panic!("GET {path}: {e}: {body} {err}"))
+    }
+
+    fn client(&self, py: &Path, args: &[&str]) -> Value {
+        let out = Command::new(py)
+            .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/openai_client.py"))
+            .arg(format!("{}/v1", self.url))
+            .args([KEY, "gemma-3-270m-q4_k_m"])
+            .args(args)
+            .output()
+            .expect("running the openai client");
+        assert!(
+            out.status.success(),
+            "openai client {args:?} failed:\n{}\n{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        serde_json::from_slice(&out.stdout).unwrap()
+    }
+}
+
+#[test]
+fn openai_package_drives_the_api() {
+    let (Some(model), Some(py)) = (real_model(), python()) else {
+        return;
+    };
+    let s = Server::start(&model, &[]);
+    let r = s.client(&py, &["api"]);
+    // The completion is the model's own greedy text (the run CLI's oracle tests pin it
+    // to llama.cpp); here it must at least be a real continuation.
+    assert!(r["completion"].as_str().is_some_and(|t| t.len() > 8), "{r}");
+}
+
+#[test]
+fn concurrent_streams_complete_and_memory_settles() {
+    let (Some(model), Some(py)) = (real_model(), python()) else {
+        return;
+    };
+    let s = Server::start(&model, &["--parallel", "8"]);
+    // Idle level: after a first small round, so the weights' pages are resident.
+    s.client(&py, &["concurrent", "8"]);
+    let idle = s.rss_kb();
+    let r = s.client(&py, &["concurrent", "32"]);
+    assert!(r["tokens"].as_u64().unwrap() > 32 * 8 / 2, "{r}");
+    let after = s.rss_kb();
+    assert!(
+        after <= idle + idle / 20 + 8 * 1024,
+        "RSS grew from {idle} kB idle to {after} kB after 32 streams"
+    );
+    let live = &s.get("/v1/cluster")["live"];
+    assert_eq!(live["active_sequences"], 0, "{live}");
+    assert_eq!(live["queued_requests"], 0, "{live}");
+    assert_eq!(live["completed"], 40, "{live}");
+    assert_eq!(live["failed"], 0, "{live}");
+}
+
+#[test]
+fn sse_framing_as_curl_sees_it() {
+    let Some(model) = real_model() else {
+        return;
+    };
+    let s = Server::start(&model, &[]);
+    let body = r#"{"model":"gemma-3-270m-q4_k_m","messages":[{"role":"user","content":"Hi"}],"max_tokens":6,"temperature":0,"stream":true}"#;
+    let (out, err) = s.curl(&[
+        "-N",
+        "-i",
+        "-H",
+        "Content-Type: application/json",
+        "-d",
+        body,
+        &format!("{}/v1/chat/completions", s.url),
+    ]);
+    let (head, events) = out
+        .split_once("\r\n\r\n")
+        .unwrap_or_else(|| panic!("no header/body split: {out} {err}"));
+    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+    assert!(
+        head.to_ascii_lowercase()
+            .contains("content-type: text/event-stream"),
+        "{head}"
+    );
+    assert!(events.ends_with("data: [DONE]\n\n"), "{events:?}");
+    let frames: Vec<&str> = events.trim_end().split("\n\n").collect();
+    let (done, chunks) = frames.split_last().unwrap();
+    assert_eq!(*done, "data: [DONE]");
+    let parsed: Vec<Value> = chunks
+        .iter()
+        .map(|f| {
+            let data = f
+                .strip_prefix("data: ")
+                .unwrap_or_else(|| panic!("frame {f:?} is not one data line"));
+            assert!(!data.contains('\n'), "multi-line frame {f:?}");
+            serde_json::from_str(data).unwrap_or_else(|e| panic!("{e}: {data}"))
+        })
+        .collect();
+    assert!(parsed.len() >= 2, "{events}");
+    let id = &parsed[0]["id"];
+    for c in &parsed {
+        assert_eq!(&c["id"], id);
+        assert_eq!(c["object"], "chat.completion.chunk");
+    }
+    assert_eq!(parsed[0]["choices"][0]["delta"]["role"], "assistant");
+    let last = &parsed[parsed.len() - 1]["choices"][0];
+    assert!(
+        last["finish_reason"] == "length" || last["finish_reason"] == "stop",
+        "{last}"
+    );
+    // A request with no key is refused before anything runs.
+    let out = Command::new("curl")
+        .args(["-s", "-o", "/dev/null", "-w", "%{http_code}"])
+        .arg(format!("{}/v1/models", s.url))
+        .output()
+        .unwrap();
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "401");
+}
+
+#[test]
+fn a_client_that_hangs_up_frees_its_slot() {
+    let Some(model) = real_model() else {
+        return;
+    };
+    // One slot: if the abandoned stream kept it, the next request would wait for it.
+    let s = Server::start(&model, &["--parallel", "1"]);
+    let body = r#"{"model":"gemma-3-270m-q4_k_m","prompt":"Once upon a time","max_tokens":900,"temperature":0,"stream":true}"#;
+    let _ = s.curl(&[
+        "-N",
+        "--max-time",
+        "1",
+        "-H",
+        "Content-Type: application/json",
+        "-d",
+        body,
+        &format!("{}/v1/completions", s.url),
+    ]);
+    let body = r#"{"model":"gemma-3-270m-q4_k_m","prompt":"Hello","max_tokens":3,"temperature":0}"#;
+    let (out, _) = s.curl(&[
+        "-H",
+        "Content-Type: application/json",
+        "-d",
+        body,
+        &format!("{}/v1/completions", s.url),
+    ]);
+    let v: Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v["usage"]["completion_tokens"], 3, "{v}");
+    let live = &s.get("/v1/cluster")["live"];
+    assert_eq!(live["cancelled"], 1, "{live}");
+    assert_eq!(live["completed"], 1, "{live}");
+    assert!(
+        live["generated_tokens"].as_u64().unwrap() < 900,
+        "the abandoned stream ran on: {live}"
+    );
+}
