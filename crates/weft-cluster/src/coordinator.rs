@@ -174,6 +174,17 @@ impl Cluster {
         &self.layout
     }
 
+    /// Each node's address, shard weight bytes and resident memory after loading.
+    pub fn nodes(&self) -> Vec<(String, u64, u64)> {
+        (0..self.peers.len())
+            .map(|i| (self.peers[i].clone(), self.shard_bytes[i], self.load_rss[i]))
+            .collect()
+    }
+
+    pub fn options(&self) -> &ClusterOptions {
+        &self.opts
+    }
+
     /// Names the node behind a data-plane error.
     fn lost(&self, e: CommError) -> ModelError {
         let who = e

@@ -175,6 +175,19 @@ fn start_local_nodes(
         if pin {
             cmd.args(["--pin-core", &(i % cores).to_string()]);
         }
+        // Local nodes belong to this process: if it dies without cleaning up (SIGKILL),
+        // the kernel stops them too.
+        #[cfg(target_os = "linux")]
+        {
+            use std::os::unix::process::CommandExt;
+            // SAFETY: prctl is async-signal-safe and touches only the child being made.
+            unsafe {
+                cmd.pre_exec(|| {
+                    libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM);
+                    Ok(())
+                });
+            }
+        }
         let mut child = cmd.spawn().with_context(|| format!("starting node {i}"))?;
         let out = child
             .stdout

@@ -260,3 +260,79 @@ fn a_client_that_hangs_up_frees_its_slot() {
         "the abandoned stream ran on: {live}"
     );
 }
+
+#[test]
+fn a_cluster_serves_the_same_text_and_a_lost_node_is_503() {
+    let Some(model) = real_model() else {
+        return;
+    };
+    let body = r#"{"model":"gemma-3-270m-q4_k_m","prompt":"The capital of France is","max_tokens":16,"temperature":0,"logprobs":2}"#;
+    let complete = |s: &Server| -> Value {
+        let (out, err) = s.curl(&[
+            "-H",
+            "Content-Type: application/json",
+            "-d",
+            body,
+            &format!("{}/v1/completions", s.url),
+        ]);
+        serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}: {out} {err}"))
+    };
+    let alone = complete(&Server::start(&model, &[]));
+    let s = Server::start(&model, &["--nodes", "2", "--tp", "2"]);
+    let spread = complete(&s);
+    // Equal text, or a split only where the single node's two best tokens are a near-tie
+    // (TP sums in another order); the same rule as the cluster tests.
+    let lp = |v: &Value| v["choices"][0]["logprobs"].clone();
+    let (a, b) = (lp(&alone), lp(&spread));
+    let (ta, tb) = (
+        a["tokens"].as_array().unwrap(),
+        b["tokens"].as_array().unwrap(),
+    );
+    if let Some(at) = (0..ta.len().min(tb.len())).find(|&i| ta[i] != tb[i]) {
+        let mut top: Vec<f64> = a["top_logprobs"][at]
+            .as_object()
+            .unwrap()
+            .values()
+            .filter_map(Value::as_f64)
+            .collect();
+        top.sort_by(|x, y| y.total_cmp(x));
+        let gap = top[0] - top[1];
+        assert!(
+            gap < 0.1,
+            "TP=2 parts at token {at} where one node's gap is {gap}: {spread} vs {alone}"
+        );
+    }
+    let info = s.get("/v1/cluster");
+    assert_eq!(info["mode"], "cluster", "{info}");
+    assert_eq!(info["nodes"].as_array().map(Vec::len), Some(2), "{info}");
+
+    // Kill one node: the next request is a 503 naming it.
+    let pid = s.child.id();
+    let children = std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children")).unwrap();
+    let node: i32 = children.split_whitespace().next().unwrap().parse().unwrap();
+    // SAFETY: signalling a child process of ours by pid.
+    unsafe { libc::kill(node, libc::SIGKILL) };
+    let (out, _) = s.curl(&[
+        "-w",
+        "\n%{http_code}",
+        "-H",
+        "Content-Type: application/json",
+        "-d",
+        body,
+        &format!("{}/v1/completions", s.url),
+    ]);
+    let (json_body, code) = out.rsplit_once('\n').unwrap();
+    assert_eq!(code, "503", "{out}");
+    let v: Value = serde_json::from_str(json_body).unwrap();
+    let msg = v["error"]["message"].as_str().unwrap_or("");
+    let addrs: Vec<&str> = info["nodes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|n| n["address"].as_str())
+        .collect();
+    assert!(
+        addrs.iter().any(|a| msg.contains(a)),
+        "the error names no node of {addrs:?}: {msg}"
+    );
+}
