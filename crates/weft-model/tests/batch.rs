@@ -49,10 +49,15 @@ fn batched_steps_equal_sequences_run_alone() {
     let pb: Vec<u32> = (0..9).map(|i| 7 + (i * 53) % 500).collect();
     let pc: Vec<u32> = vec![11, 260, 301];
     let (da, db, dc) = ([300u32, 17], [5u32, 99], [42u32]);
+    // Float weights: summation order only. Quantized weights quantize each matmul's
+    // input to 8 bits, and a different tile (1, 2 or 4 tokens) changes the last bits of a
+    // row, which can flip roundings downstream: the unsharded model's own noise floor for
+    // such changes is 1-3 % of max |logit| (see sharding.rs). A batching bug (wrong
+    // position, wrong cache) moves logits by the order of 100 %.
     for (ty, tol) in [
         (GgmlType::F32, 1e-4),
-        (GgmlType::Q8_0, 1e-3),
-        (GgmlType::Q4_K, 1e-3),
+        (GgmlType::Q8_0, 3e-2),
+        (GgmlType::Q4_K, 3e-2),
     ] {
         for arch in [Arch::Gemma3, Arch::Llama, Arch::Qwen3] {
             let f = write_synthetic(dir.path(), arch, ty);
