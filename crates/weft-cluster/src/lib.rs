@@ -8,6 +8,7 @@ pub mod control;
 pub mod coordinator;
 pub mod layout;
 pub mod node;
+pub mod procinfo;
 pub mod stage;
 pub mod step;
 

@@ -104,7 +104,7 @@ fn session(
         &FromNode::Ready {
             data_addr,
             shard_bytes: loaded.model.weight_bytes_per_token() as u64,
-            rss_bytes: peak_rss_bytes(),
+            rss_bytes: crate::procinfo::peak_rss_bytes().unwrap_or(0),
         },
     )?;
     let addrs = match control::recv::<ToNode>(ctl, Duration::from_secs(30))? {
@@ -210,7 +210,7 @@ fn run_steps(group: &mut Group, plan: &NodePlan, l: &mut Loaded) -> Result<(), S
             for v in [compute, comm, idle] {
                 st.extend_from_slice(&v.to_le_bytes());
             }
-            for v in [steps, syncs, peak_rss_bytes()] {
+            for v in [steps, syncs, crate::procinfo::peak_rss_bytes().unwrap_or(0)] {
                 st.extend_from_slice(&v.to_le_bytes());
             }
             group.send(0, &st).map_err(err)?;
@@ -309,18 +309,4 @@ fn run_steps(group: &mut Group, plan: &NodePlan, l: &mut Loaded) -> Result<(), S
         comm += comm_step;
         compute += t_step.elapsed().as_secs_f64() - comm_step;
     }
-}
-
-/// Peak resident memory of this process (VmHWM), 0 where /proc is missing.
-pub fn peak_rss_bytes() -> u64 {
-    std::fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("VmHWM:"))
-                .and_then(|l| l.split_whitespace().nth(1))
-                .and_then(|k| k.parse::<u64>().ok())
-        })
-        .map(|kb| kb * 1024)
-        .unwrap_or(0)
 }

@@ -74,20 +74,7 @@ pub fn encode_top_k(
     best: &mut Vec<(f32, u32)>,
     out: &mut Vec<u8>,
 ) {
-    let k = k.min(logits.len());
-    best.clear();
-    if k > 0 {
-        for (i, &v) in logits.iter().enumerate() {
-            if best.len() == k && v <= best[k - 1].0 {
-                continue; // ties keep the lower id, which came first
-            }
-            let at = best.partition_point(|&(bv, _)| bv >= v);
-            if best.len() == k {
-                best.pop();
-            }
-            best.insert(at, (v, i as u32));
-        }
-    }
+    weft_model::sampler::top_k_into(logits, k, best);
     out.clear();
     for &(v, i) in best.iter() {
         out.extend_from_slice(&((base + i as usize) as u32).to_le_bytes());

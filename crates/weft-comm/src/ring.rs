@@ -140,30 +140,8 @@ impl RingLink {
         spin: Duration,
         timeout: Duration,
     ) -> Result<RingLink, String> {
-        let make = |p: &Path| -> Result<Ring, String> {
-            let f = std::fs::OpenOptions::new()
-                .read(true)
-                .write(true)
-                .create_new(true)
-                .open(p)
-                .map_err(|e| format!("creating {}: {e}", p.display()))?;
-            f.set_len((HEADER + RING_BYTES) as u64)
-                .map_err(|e| format!("sizing {}: {e}", p.display()))?;
-            // SAFETY: the file is ours and only weft ranks map it.
-            let m = unsafe { MmapMut::map_mut(&f) }
-                .map_err(|e| format!("mapping {}: {e}", p.display()))?;
-            let r = Ring::new(Arc::new(m))?;
-            r.init();
-            Ok(r)
-        };
-        Ok(RingLink::new(
-            make(tx_path)?,
-            make(rx_path)?,
-            Some(watch),
-            spin,
-            timeout,
-            "shm",
-        ))
+        let (tx, rx) = (map_ring_file(tx_path, true)?, map_ring_file(rx_path, true)?);
+        Ok(RingLink::new(tx, rx, Some(watch), spin, timeout, "shm"))
     }
 
     /// Maps ring files the peer created.
@@ -174,29 +152,11 @@ impl RingLink {
         spin: Duration,
         timeout: Duration,
     ) -> Result<RingLink, String> {
-        let open = |p: &Path| -> Result<Ring, String> {
-            let f = std::fs::OpenOptions::new()
-                .read(true)
-                .write(true)
-                .open(p)
-                .map_err(|e| format!("opening {}: {e}", p.display()))?;
-            // SAFETY: as in create_files.
-            let m = unsafe { MmapMut::map_mut(&f) }
-                .map_err(|e| format!("mapping {}: {e}", p.display()))?;
-            let r = Ring::new(Arc::new(m))?;
-            if r.magic().load(Ordering::Acquire) != MAGIC {
-                return Err(format!("{} is not a weft ring", p.display()));
-            }
-            Ok(r)
-        };
-        Ok(RingLink::new(
-            open(tx_path)?,
-            open(rx_path)?,
-            Some(watch),
-            spin,
-            timeout,
-            "shm",
-        ))
+        let (tx, rx) = (
+            map_ring_file(tx_path, false)?,
+            map_ring_file(rx_path, false)?,
+        );
+        Ok(RingLink::new(tx, rx, Some(watch), spin, timeout, "shm"))
     }
 
     /// Whether the peer has gone: it closed a ring, or its process (and so its socket) died.
@@ -325,6 +285,36 @@ fn copy_out(r: &Ring, at: u64, dst: &mut [u8]) {
         std::ptr::copy_nonoverlapping(r.data().add(off), dst.as_mut_ptr(), first);
         std::ptr::copy_nonoverlapping(r.data(), dst.as_mut_ptr().add(first), dst.len() - first);
     }
+}
+
+/// Maps ring file `p`: a new one, sized and initialized (`create`), or one the peer made,
+/// checked for the ring's magic.
+fn map_ring_file(p: &Path, create: bool) -> Result<Ring, String> {
+    let (verb, f) = if create {
+        let f = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create_new(true)
+            .open(p);
+        ("creating", f)
+    } else {
+        let f = std::fs::OpenOptions::new().read(true).write(true).open(p);
+        ("opening", f)
+    };
+    let f = f.map_err(|e| format!("{verb} {}: {e}", p.display()))?;
+    if create {
+        f.set_len((HEADER + RING_BYTES) as u64)
+            .map_err(|e| format!("sizing {}: {e}", p.display()))?;
+    }
+    // SAFETY: the file is a weft ring file; only weft ranks map it.
+    let m = unsafe { MmapMut::map_mut(&f) }.map_err(|e| format!("mapping {}: {e}", p.display()))?;
+    let r = Ring::new(Arc::new(m))?;
+    if create {
+        r.init();
+    } else if r.magic().load(Ordering::Acquire) != MAGIC {
+        return Err(format!("{} is not a weft ring", p.display()));
+    }
+    Ok(r)
 }
 
 #[cfg(test)]

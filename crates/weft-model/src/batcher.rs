@@ -104,7 +104,6 @@ struct Active<'t> {
     sink: Box<dyn EventSink>,
     admitted: Instant,
     first_token: Option<Instant>,
-    logprobs: bool,
     /// Finished, cancelled or failed: its slot is released after this step.
     gone: bool,
     failed: bool,
@@ -176,46 +175,19 @@ impl<B: BatchBackend> Batcher<B> {
                 }
                 keep
             });
-            while let (Some(_), Some(&slot)) = (queue.front(), free.last()) {
-                let Some(mut job) = queue.pop_front() else {
+            while let Some(&slot) = free.last() {
+                let Some(job) = queue.pop_front() else {
                     break;
                 };
-                match Sequence::start(tok, &job.req, self.backend.n_ctx()) {
-                    Ok(seq) => {
-                        if let Err(e) = self.backend.reset(slot) {
-                            job.sink.send(Event::Failed(e));
-                            self.stats.failed.fetch_add(1, Ordering::Relaxed);
-                            continue;
-                        }
-                        free.pop();
-                        self.stats
-                            .prompt_tokens
-                            .fetch_add(job.req.prompt_ids.len() as u64, Ordering::Relaxed);
-                        active.push(Active {
-                            slot,
-                            seq,
-                            prompt: job.req.prompt_ids,
-                            fed: 0,
-                            next: None,
-                            sink: job.sink,
-                            admitted: Instant::now(),
-                            first_token: None,
-                            logprobs: job.req.logprobs > 0,
-                            gone: false,
-                            failed: false,
-                        });
-                    }
-                    Err(e) => {
-                        job.sink.send(Event::Failed(e));
-                        self.stats.failed.fetch_add(1, Ordering::Relaxed);
-                    }
+                if let Some(a) = self.admit(job, slot, tok) {
+                    free.pop();
+                    active.push(a);
                 }
             }
             for a in active.iter_mut() {
                 a.gone |= a.sink.is_closed();
             }
             self.release(&mut active, &mut free);
-            self.stats.active.store(active.len(), Ordering::Relaxed);
             self.stats.queued.store(queue.len(), Ordering::Relaxed);
             if active.is_empty() {
                 if !open && queue.is_empty() {
@@ -306,10 +278,8 @@ impl<B: BatchBackend> Batcher<B> {
                     self.stats.generated_tokens.fetch_add(1, Ordering::Relaxed);
                 }
                 if step.token.is_some() || !step.text.is_empty() {
-                    let logprob = match (a.logprobs, step.token) {
-                        (true, Some(_)) => a.seq.out.logprobs.last().cloned(),
-                        _ => None,
-                    };
+                    // Only a kept token has a logprob entry, and only when they were asked for.
+                    let logprob = step.token.and(a.seq.out.logprobs.last().cloned());
                     let ev = Event::Token {
                         text: step.text,
                         token: step.token,
@@ -324,14 +294,42 @@ impl<B: BatchBackend> Batcher<B> {
                     let first = a.first_token.unwrap_or(now);
                     a.seq.out.prefill_secs = (first - a.admitted).as_secs_f64();
                     a.seq.out.decode_secs = (now - first).as_secs_f64();
-                    let out = std::mem::replace(&mut a.seq.out, empty_generated());
-                    a.sink.send(Event::Done(out));
+                    a.sink.send(Event::Done(std::mem::take(&mut a.seq.out)));
                     self.stats.completed.fetch_add(1, Ordering::Relaxed);
                     a.gone = true;
                 }
             }
             self.release(&mut active, &mut free);
         }
+    }
+
+    /// Starts `job` in `slot`, or answers it with the reason it cannot run.
+    fn admit<'t>(&mut self, mut job: Job, slot: usize, tok: &'t Tokenizer) -> Option<Active<'t>> {
+        let started = Sequence::start(tok, &job.req, self.backend.n_ctx())
+            .and_then(|seq| self.backend.reset(slot).map(|()| seq));
+        let seq = match started {
+            Ok(seq) => seq,
+            Err(e) => {
+                job.sink.send(Event::Failed(e));
+                self.stats.failed.fetch_add(1, Ordering::Relaxed);
+                return None;
+            }
+        };
+        self.stats
+            .prompt_tokens
+            .fetch_add(job.req.prompt_ids.len() as u64, Ordering::Relaxed);
+        Some(Active {
+            slot,
+            seq,
+            prompt: job.req.prompt_ids,
+            fed: 0,
+            next: None,
+            sink: job.sink,
+            admitted: Instant::now(),
+            first_token: None,
+            gone: false,
+            failed: false,
+        })
     }
 
     /// Drops finished and cancelled sequences, returning their slots.
@@ -346,18 +344,5 @@ impl<B: BatchBackend> Batcher<B> {
             !a.gone
         });
         self.stats.active.store(active.len(), Ordering::Relaxed);
-    }
-}
-
-fn empty_generated() -> Generated {
-    Generated {
-        token_ids: Vec::new(),
-        text: String::new(),
-        finish: crate::engine::FinishReason::Stop,
-        logprobs: Vec::new(),
-        prefill_tokens: 0,
-        prefill_secs: 0.0,
-        decode_steps: 0,
-        decode_secs: 0.0,
     }
 }

@@ -29,11 +29,12 @@ pub struct GenerateRequest {
     pub logprobs: usize,
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum FinishReason {
     /// EOS / end of turn, or a stop sequence.
     Stop,
     /// max_tokens reached.
+    #[default]
     Length,
 }
 
@@ -47,7 +48,7 @@ impl FinishReason {
 }
 
 /// The outcome of one generation.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, Default)]
 pub struct Generated {
     pub token_ids: Vec<u32>,
     pub text: String,

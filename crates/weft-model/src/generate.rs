@@ -8,7 +8,7 @@ use weft_tokenizer::{StreamDecoder, Tokenizer};
 
 use crate::engine::{FinishReason, GenerateRequest, Generated};
 use crate::error::ModelError;
-use crate::sampler::{log_sum_exp, logprob_of, top_logprobs, Sampler};
+use crate::sampler::{log_sum_exp, top_k_into, Sampler};
 
 /// Something that runs a sequence and yields the logits of its last token.
 pub trait Backend {
@@ -78,6 +78,8 @@ pub struct Sequence<'a> {
     stops: StopScanner,
     budget: usize,
     finished: bool,
+    /// Reused buffer of the top-k selection.
+    best: Vec<(f32, u32)>,
     /// The result so far; the caller fills in the timings it measures.
     pub out: Generated,
 }
@@ -108,15 +110,10 @@ impl<'a> Sequence<'a> {
             stops: StopScanner::new(req.stop.clone()),
             budget: req.max_tokens.min(n_ctx - req.prompt_ids.len()),
             finished: false,
+            best: Vec::with_capacity(req.logprobs + 1),
             out: Generated {
-                token_ids: Vec::new(),
-                text: String::new(),
-                finish: FinishReason::Length,
-                logprobs: Vec::new(),
                 prefill_tokens: req.prompt_ids.len(),
-                prefill_secs: 0.0,
-                decode_steps: 0,
-                decode_secs: 0.0,
+                ..Default::default()
             },
         })
     }
@@ -136,24 +133,28 @@ impl<'a> Sequence<'a> {
             step.text = self.end(FinishReason::Length);
             return step;
         }
-        // Logprobs before penalties: the model's own distribution. With a top-k view the
-        // shift moves them from the view's normalizer to the full vocabulary's.
-        let shift = norm.map(|z| log_sum_exp(logits) - z).unwrap_or(0.0);
-        let top = (self.logprobs > 0).then(|| {
-            top_logprobs(logits, self.logprobs)
-                .into_iter()
-                .map(|(i, l)| (i, l + shift))
+        // Logprobs before penalties: the model's own distribution, normalized over the
+        // full vocabulary (a top-k view comes with the true normalizer `norm`).
+        let z = (self.logprobs > 0).then(|| norm.unwrap_or_else(|| log_sum_exp(logits)));
+        let top = z.map(|z| {
+            top_k_into(logits, self.logprobs, &mut self.best);
+            self.best
+                .iter()
+                .map(|&(l, i)| (i, l - z))
                 .collect::<Vec<_>>()
         });
-        let raw = top.as_ref().map(|_| logits.to_vec());
+        // The chosen token's own logit, read after sampling: only a penalty changes the
+        // logits, and only then is a copy needed.
+        let kept = (z.is_some() && self.sampler.modifies_logits()).then(|| logits.to_vec());
         let tok = self.sampler.sample(logits, &self.history);
         if self.tokenizer.is_eog(tok) {
             self.finished = true;
             self.out.finish = FinishReason::Stop;
             return step;
         }
-        if let (Some(top), Some(raw)) = (top, raw) {
-            self.out.logprobs.push((logprob_of(&raw, tok) + shift, top));
+        if let (Some(z), Some(top)) = (z, top) {
+            let raw = kept.as_deref().unwrap_or(logits)[tok as usize];
+            self.out.logprobs.push((raw - z, top));
         }
         self.out.token_ids.push(tok);
         self.history.push(tok);

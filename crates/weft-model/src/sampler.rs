@@ -82,6 +82,11 @@ impl Sampler {
         }
     }
 
+    /// Whether `sample` changes the logits it is given (repetition penalty).
+    pub fn modifies_logits(&self) -> bool {
+        self.params.repeat_penalty != 1.0
+    }
+
     /// Picks the next token. `logits` may be modified (penalties are applied in place);
     /// `recent` is the sequence so far (prompt and generated).
     pub fn sample(&mut self, logits: &mut [f32], recent: &[u32]) -> u32 {
@@ -172,25 +177,25 @@ pub fn argmax(logits: &[f32]) -> u32 {
     best as u32
 }
 
-/// The `k` most likely tokens with their log-probabilities (natural log), best first.
-pub fn top_logprobs(logits: &[f32], k: usize) -> Vec<(u32, f32)> {
-    let lse = log_sum_exp(logits);
-    let mut idx: Vec<u32> = (0..logits.len() as u32).collect();
-    let k = k.min(idx.len());
+/// The `k` largest logits as `(logit, id)`, best first, ties to the lower id, into `best`
+/// (reused, so a caller per token allocates nothing). One pass with a sorted k-buffer:
+/// k is small (tens) and most logits fail the first comparison.
+pub fn top_k_into(logits: &[f32], k: usize, best: &mut Vec<(f32, u32)>) {
+    let k = k.min(logits.len());
+    best.clear();
     if k == 0 {
-        return Vec::new();
+        return;
     }
-    let cmp = |a: &u32, b: &u32| {
-        logits[*b as usize]
-            .total_cmp(&logits[*a as usize])
-            .then(a.cmp(b))
-    };
-    idx.select_nth_unstable_by(k - 1, cmp);
-    idx.truncate(k);
-    idx.sort_unstable_by(cmp);
-    idx.into_iter()
-        .map(|i| (i, logits[i as usize] - lse))
-        .collect()
+    for (i, &v) in logits.iter().enumerate() {
+        if best.len() == k && v <= best[k - 1].0 {
+            continue; // ties keep the lower id, which came first
+        }
+        let at = best.partition_point(|&(bv, _)| bv >= v);
+        if best.len() == k {
+            best.pop();
+        }
+        best.insert(at, (v, i as u32));
+    }
 }
 
 /// Log-probability of one token.
@@ -296,13 +301,20 @@ mod tests {
     #[test]
     fn logprobs_are_normalised() {
         let l = logits();
-        let top = top_logprobs(&l, 3);
-        assert_eq!(top.iter().map(|t| t.0).collect::<Vec<_>>(), vec![1, 3, 2]);
+        let mut top = Vec::new();
+        top_k_into(&l, 3, &mut top);
+        assert_eq!(top.iter().map(|t| t.1).collect::<Vec<_>>(), vec![1, 3, 2]);
+        assert_eq!(top[0].0, 3.0);
+        // Ties keep the lower id; k beyond the vocabulary takes all of it.
+        top_k_into(&[0.5, 2.0, 2.0, 1.0], 9, &mut top);
+        assert_eq!(
+            top.iter().map(|t| t.1).collect::<Vec<_>>(),
+            vec![1, 2, 3, 0]
+        );
         let total: f64 = (0..l.len() as u32)
             .map(|i| (logprob_of(&l, i) as f64).exp())
             .sum();
         assert!((total - 1.0).abs() < 1e-5);
-        assert!((top[0].1 - logprob_of(&l, 1)).abs() < 1e-6);
     }
 
     #[test]

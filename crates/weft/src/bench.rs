@@ -111,7 +111,7 @@ pub fn run(a: BenchArgs) -> Result<()> {
         .then(|| batched_decode(&mut engine, a.batch, a.decode.max(1), a.reps.max(1), bos))
         .transpose()?;
     let bytes_per_token = engine.model.weight_bytes_per_token();
-    let rss = peak_rss_bytes(); // before the bandwidth probe's buffer
+    let rss = weft_cluster::procinfo::peak_rss_bytes(); // before the bandwidth probe's buffer
     let bandwidth = if a.no_bandwidth {
         None
     } else {
@@ -267,12 +267,4 @@ fn memory_bandwidth(pool: &ThreadPool) -> f64 {
         best = best.max((n * 4) as f64 / secs);
     }
     best
-}
-
-/// Peak resident set size of this process (Linux: VmHWM).
-pub fn peak_rss_bytes() -> Option<u64> {
-    let s = std::fs::read_to_string("/proc/self/status").ok()?;
-    let line = s.lines().find(|l| l.starts_with("VmHWM:"))?;
-    let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
-    Some(kb * 1024)
 }

@@ -88,25 +88,12 @@ impl ClusterView for LocalView {
                 "tp_share": 1.0,
                 "weight_bytes": self.weight_bytes,
                 "kv_bytes": self.kv_bytes,
-                "rss_bytes": rss_bytes(),
+                "rss_bytes": weft_cluster::procinfo::rss_bytes(),
                 "threads": self.threads,
             }],
             "links": [],
         })
     }
-}
-
-/// This process's resident memory, from /proc (None where there is no /proc).
-pub fn rss_bytes() -> Option<u64> {
-    let s = std::fs::read_to_string("/proc/self/status").ok()?;
-    let kb = s
-        .lines()
-        .find(|l| l.starts_with("VmRSS:"))?
-        .split_whitespace()
-        .nth(1)?
-        .parse::<u64>()
-        .ok()?;
-    Some(kb * 1024)
 }
 
 pub fn run(a: ServeArgs) -> Result<()> {

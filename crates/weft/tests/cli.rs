@@ -1,6 +1,8 @@
 //! The weft binary as a user runs it: real processes on synthetic models written here, and
 //! on the real Gemma 3 270M against llama.cpp's reference outputs when they are present.
 
+mod common;
+
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
@@ -9,23 +11,14 @@ use weft_gguf::GgmlType;
 use weft_model::synthetic::{synthetic_model, SyntheticSpec};
 use weft_model::Arch;
 
+use common::{ok_json, real_model};
+
 fn weft(args: &[&str], home: &Path) -> Output {
     Command::new(env!("CARGO_BIN_EXE_weft"))
         .args(args)
         .env("WEFT_HOME", home)
         .output()
         .expect("running weft")
-}
-
-fn ok_json(out: &Output) -> Value {
-    assert!(
-        out.status.success(),
-        "weft failed: {}\n{}",
-        out.status,
-        String::from_utf8_lossy(&out.stderr)
-    );
-    serde_json::from_slice(&out.stdout)
-        .unwrap_or_else(|e| panic!("bad JSON ({e}): {}", String::from_utf8_lossy(&out.stdout)))
 }
 
 fn failure(out: &Output) -> String {
@@ -263,20 +256,6 @@ fn bench_and_perplexity_report_their_keys() {
 }
 
 // ---- the real model, against llama.cpp ----
-
-fn real_model() -> Option<PathBuf> {
-    let home = std::env::var_os("WEFT_HOME")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            PathBuf::from(std::env::var_os("HOME").unwrap_or_default()).join(".cache/weft")
-        });
-    let p = home.join("models/gemma-3-270m-q4_k_m.gguf");
-    if p.exists() {
-        return Some(p);
-    }
-    eprintln!("skipping: {} is not present (run `weft pull`)", p.display());
-    None
-}
 
 fn reference_dir() -> Option<PathBuf> {
     let d = std::env::var_os("WEFT_REFERENCE_DIR")

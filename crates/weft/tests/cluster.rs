@@ -2,8 +2,10 @@
 //! (`weft node` + `--peers`), every layout against the single-node greedy output, a node
 //! killed mid-generation, a wrong secret, and nodes in their own network namespaces.
 
+mod common;
+
 use std::io::{BufRead, BufReader};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
@@ -12,22 +14,13 @@ use weft_gguf::GgmlType;
 use weft_model::synthetic::{synthetic_model, SyntheticSpec};
 use weft_model::Arch;
 
+use common::{ok_json, real_model};
+
 fn weft(args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_weft"))
         .args(args)
         .output()
         .expect("running weft")
-}
-
-fn ok_json(out: &Output) -> Value {
-    assert!(
-        out.status.success(),
-        "weft failed: {}\n{}",
-        out.status,
-        String::from_utf8_lossy(&out.stderr)
-    );
-    serde_json::from_slice(&out.stdout)
-        .unwrap_or_else(|e| panic!("bad JSON ({e}): {}", String::from_utf8_lossy(&out.stdout)))
 }
 
 fn ids(v: &Value, key: &str) -> Vec<u64> {
@@ -118,21 +111,6 @@ fn every_layout_matches_one_node_on_synthetic_models() {
             );
             assert!((x - y).abs() < 0.05, "{l:?}: first logprob {x} vs {y}");
         }
-    }
-}
-
-fn real_model() -> Option<PathBuf> {
-    let home = std::env::var_os("WEFT_HOME")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            PathBuf::from(std::env::var_os("HOME").unwrap_or_default()).join(".cache/weft")
-        });
-    let p = home.join("models/gemma-3-270m-q4_k_m.gguf");
-    if p.exists() {
-        Some(p)
-    } else {
-        eprintln!("skipping: {} is not present (run `weft pull`)", p.display());
-        None
     }
 }
 

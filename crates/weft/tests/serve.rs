@@ -2,27 +2,17 @@
 //! model, driven by the `openai` Python package, by curl for the SSE framing, and by many
 //! concurrent streams; a client that hangs up must free its slot.
 
+mod common;
+
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 
 use serde_json::Value;
 
-const KEY: &str = "test-key-123";
+use common::real_model;
 
-fn real_model() -> Option<PathBuf> {
-    let home = std::env::var_os("WEFT_HOME")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            PathBuf::from(std::env::var_os("HOME").unwrap_or_default()).join(".cache/weft")
-        });
-    let p = home.join("models/gemma-3-270m-q4_k_m.gguf");
-    if p.exists() {
-        return Some(p);
-    }
-    eprintln!("skipping: {} is not present (run `weft pull`)", p.display());
-    None
-}
+const KEY: &str = "test-key-123";
 
 /// A Python with the `openai` package: WEFT_PYTHON, the venv `.ci/run` makes, or python3.
 /// Missing is a skip, or a failure where WEFT_REQUIRE_OPENAI=1 (as CI sets).
