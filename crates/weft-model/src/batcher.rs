@@ -66,6 +66,18 @@ pub trait EventSink: Send {
 pub struct Job {
     pub req: GenerateRequest,
     pub sink: Box<dyn EventSink>,
+    /// When the request was handed over (its queueing time counts from here).
+    pub submitted: Instant,
+}
+
+impl Job {
+    pub fn new(req: GenerateRequest, sink: Box<dyn EventSink>) -> Self {
+        Job {
+            req,
+            sink,
+            submitted: Instant::now(),
+        }
+    }
 }
 
 /// Scheduling limits.
@@ -102,6 +114,7 @@ struct Active<'t> {
     /// The token to run next once the prompt is done.
     next: Option<u32>,
     sink: Box<dyn EventSink>,
+    submitted: Instant,
     admitted: Instant,
     first_token: Option<Instant>,
     /// Finished, cancelled or failed: its slot is released after this step.
@@ -294,6 +307,14 @@ impl<B: BatchBackend> Batcher<B> {
                     let first = a.first_token.unwrap_or(now);
                     a.seq.out.prefill_secs = (first - a.admitted).as_secs_f64();
                     a.seq.out.decode_secs = (now - first).as_secs_f64();
+                    tracing::debug!(
+                        "slot {}: queued {:.1} ms, first token {:.1} ms after admission, {} tokens in {:.1} ms",
+                        a.slot,
+                        (a.admitted - a.submitted).as_secs_f64() * 1e3,
+                        a.seq.out.prefill_secs * 1e3,
+                        a.seq.out.token_ids.len(),
+                        a.seq.out.decode_secs * 1e3
+                    );
                     a.sink.send(Event::Done(std::mem::take(&mut a.seq.out)));
                     self.stats.completed.fetch_add(1, Ordering::Relaxed);
                     a.gone = true;
@@ -325,6 +346,7 @@ impl<B: BatchBackend> Batcher<B> {
             fed: 0,
             next: None,
             sink: job.sink,
+            submitted: job.submitted,
             admitted: Instant::now(),
             first_token: None,
             gone: false,

@@ -90,10 +90,7 @@ fn batched_requests_match_running_alone() {
             tokens: 0,
         };
         jobs_tx
-            .send(Job {
-                req,
-                sink: Box::new(sink),
-            })
+            .send(Job::new(req, Box::new(sink)))
             .unwrap();
     };
     // A client that hangs up after 2 tokens, then the real requests, one too long.

@@ -59,10 +59,7 @@ impl EngineHandle {
     pub fn submit(&self, req: GenerateRequest) -> Result<UnboundedReceiver<Event>, ApiError> {
         let (tx, rx) = unbounded_channel();
         self.jobs
-            .send(Job {
-                req,
-                sink: Box::new(ChannelSink(tx)),
-            })
+            .send(Job::new(req, Box::new(ChannelSink(tx))))
             .map_err(|_| ApiError::unavailable("the inference engine has stopped"))?;
         Ok(rx)
     }

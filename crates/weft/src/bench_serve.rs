@@ -125,6 +125,20 @@ fn percentile(v: &mut [f64], q: f64) -> f64 {
     v[((v.len() - 1) as f64 * q).round() as usize]
 }
 
+/// A pause of 0-100 ms before each time-to-first-token probe, so probes arrive at random
+/// moments of the server's steps, as users' requests do. Back to back, each probe would
+/// land just after the step that answered the previous one began, and always wait for
+/// nearly a whole step. Seeded, so runs are comparable.
+struct Jitter(u64);
+impl Jitter {
+    fn pause(&mut self) {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        std::thread::sleep(Duration::from_micros(self.0 % 100_000));
+    }
+}
+
 /// A server this bench started, killed when dropped.
 struct OwnServer(Child);
 impl Drop for OwnServer {
@@ -215,9 +229,13 @@ pub fn run(a: ServeBenchArgs) -> Result<()> {
     let c = a.concurrency.max(1);
     let n = a.max_tokens.max(2);
     client.stream(SHORT, 4)?; // warm-up: weights paged in, buffers sized
+    let mut jitter = Jitter(0x2545_F491_4F6C_DD1D);
 
     let mut idle_ttft: Vec<f64> = (0..a.probes)
-        .map(|_| client.stream(SHORT, 1).map(|t| t.ttft))
+        .map(|_| {
+            jitter.pause();
+            client.stream(SHORT, 1).map(|t| t.ttft)
+        })
         .collect::<Result<_>>()?;
     let one = client.stream(PROMPT, n)?;
     let one_tok_s = (one.tokens - 1) as f64 / one.decode.max(1e-9);
@@ -265,6 +283,7 @@ pub fn run(a: ServeBenchArgs) -> Result<()> {
             .collect();
         std::thread::sleep(Duration::from_millis(1500)); // let them all reach decoding
         for _ in 0..a.probes {
+            jitter.pause();
             busy_ttft.push(client.stream(SHORT, 1)?.ttft);
         }
         for h in hs {
