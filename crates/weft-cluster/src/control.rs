@@ -29,10 +29,20 @@ pub struct NodePlan {
     pub threads: usize,
     pub n_ctx: usize,
     pub ubatch: usize,
+    /// Sequences held at once (one KV cache each) for batched steps.
+    #[serde(default = "one_slot")]
+    pub slots: usize,
     pub transport: String,
     pub link_delay_us: f64,
     pub timeout_ms: u64,
 }
+
+fn one_slot() -> usize {
+    1
+}
+
+/// The most sequence slots a plan may ask a node to hold.
+pub const MAX_SLOTS: usize = 256;
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub enum ToNode {

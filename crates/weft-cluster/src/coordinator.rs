@@ -7,12 +7,14 @@ use std::time::Duration;
 
 use serde::Serialize;
 use weft_comm::{CommError, Group};
-use weft_model::{Backend, ModelError};
+use weft_model::{Backend, BatchBackend, ModelError, SeqSpan};
 
 use crate::control::{self, FromNode, NodePlan, ToNode};
 use crate::layout::Layout;
 use crate::node::group_options;
-use crate::step::{reply_bytes, StepHeader, KIND_RUN, KIND_STOP, STATS_BYTES};
+use crate::step::{
+    reply_bytes, StepHeader, KIND_BATCH, KIND_RUN, KIND_STOP, SPAN_LOGITS, SPAN_RESET, STATS_BYTES,
+};
 
 #[derive(Clone, Debug)]
 pub struct ClusterOptions {
@@ -22,6 +24,8 @@ pub struct ClusterOptions {
     pub n_vocab: usize,
     pub n_ctx: usize,
     pub ubatch: usize,
+    /// Sequences the nodes hold at once for batched steps (one KV cache each).
+    pub slots: usize,
     pub threads_per_node: usize,
     pub transport: String,
     pub link_delay_us: f64,
@@ -57,15 +61,76 @@ pub struct Cluster {
     load_rss: Vec<u64>,
     opts: ClusterOptions,
     pos: usize,
+    /// The single sequence's merged logits (`Backend`).
+    row: MergedRow,
+    /// Batched steps' merged logits, one per span that wanted them (`BatchBackend`).
+    rows: Vec<MergedRow>,
+    /// Per slot: reset its cache with its next span, and its length so far.
+    resets: Vec<bool>,
+    slot_pos: Vec<usize>,
+    /// The last stage's ranks, which send the top-k replies, one buffer each.
+    last_stage: Vec<usize>,
+    replies: Vec<Vec<u8>>,
+    norms: Vec<f32>,
+    id_bytes: Vec<u8>,
+    span_bytes: Vec<u8>,
+    stopped: bool,
+}
+
+/// One token's logits as the coordinator sees them: the merged top-k of the vocabulary
+/// slices over a full-vocabulary vector of -inf, and the full vocabulary's normalizer.
+struct MergedRow {
     logits: Vec<f32>,
     set: Vec<u32>,
     log_norm: f32,
-    /// The last stage's ranks, which send the top-k replies, and their normalizers.
-    last_stage: Vec<usize>,
-    norms: Vec<f32>,
-    reply: Vec<u8>,
-    id_bytes: Vec<u8>,
-    stopped: bool,
+}
+
+impl MergedRow {
+    fn new(n_vocab: usize) -> Self {
+        MergedRow {
+            logits: vec![f32::NEG_INFINITY; n_vocab],
+            set: Vec::new(),
+            log_norm: 0.0,
+        }
+    }
+
+    /// Replaces the row with the merge of `replies` (each rank's top-k and normalizer),
+    /// keeping the best k overall, as one node would see them. `norms` is scratch.
+    fn merge<'a>(
+        &mut self,
+        replies: impl Iterator<Item = &'a [u8]>,
+        k: usize,
+        norms: &mut Vec<f32>,
+    ) {
+        for &i in &self.set {
+            self.logits[i as usize] = f32::NEG_INFINITY;
+        }
+        self.set.clear();
+        norms.clear();
+        for reply in replies {
+            for c in reply[..k * 8].chunks_exact(8) {
+                let id = u32::from_le_bytes([c[0], c[1], c[2], c[3]]);
+                let v = f32::from_le_bytes([c[4], c[5], c[6], c[7]]);
+                if (id as usize) < self.logits.len() {
+                    self.logits[id as usize] = v;
+                    self.set.push(id);
+                }
+            }
+            let z = &reply[k * 8..k * 8 + 4];
+            norms.push(f32::from_le_bytes([z[0], z[1], z[2], z[3]]));
+        }
+        self.log_norm = weft_model::sampler::log_sum_exp(norms);
+        if self.set.len() > k {
+            let lg = &self.logits;
+            self.set.sort_unstable_by(|a, b| {
+                lg[*b as usize].total_cmp(&lg[*a as usize]).then(a.cmp(b))
+            });
+            for &i in &self.set[k..] {
+                self.logits[i as usize] = f32::NEG_INFINITY;
+            }
+            self.set.truncate(k);
+        }
+    }
 }
 
 impl Cluster {
@@ -100,6 +165,7 @@ impl Cluster {
                 threads: opts.threads_per_node,
                 n_ctx: opts.n_ctx,
                 ubatch: opts.ubatch,
+                slots: opts.slots,
                 transport: opts.transport.clone(),
                 link_delay_us: opts.link_delay_us,
                 timeout_ms: opts.timeout.as_millis() as u64,
@@ -157,13 +223,15 @@ impl Cluster {
             _controls: controls,
             shard_bytes,
             load_rss,
-            logits: vec![f32::NEG_INFINITY; opts.n_vocab],
-            set: Vec::new(),
-            log_norm: 0.0,
+            row: MergedRow::new(opts.n_vocab),
+            rows: Vec::new(),
+            resets: vec![true; opts.slots.max(1)],
+            slot_pos: vec![0; opts.slots.max(1)],
+            replies: vec![Vec::new(); stages.last().map(Vec::len).unwrap_or(0)],
             last_stage: stages.last().cloned().unwrap_or_default(),
             norms: Vec::new(),
-            reply: Vec::new(),
             id_bytes: Vec::new(),
+            span_bytes: Vec::new(),
             opts,
             pos: 0,
             stopped: false,
@@ -220,57 +288,45 @@ impl Cluster {
             self.id_bytes.extend_from_slice(&t.to_le_bytes());
         }
         let ids = std::mem::take(&mut self.id_bytes);
-        let sent = (|| {
-            for r in 1..=self.peers.len() {
-                self.group.send(r, &h)?;
-                self.group.send(r, &ids)?;
-            }
-            Ok(())
-        })();
+        let sent = self.broadcast_step(&[&h, &ids]);
         self.id_bytes = ids;
-        sent.map_err(|e| self.lost(e))?;
-        // Clear the previous step's candidates, then merge this step's replies.
-        for &i in &self.set {
-            self.logits[i as usize] = f32::NEG_INFINITY;
-        }
-        self.set.clear();
-        self.reply.resize(reply_bytes(k), 0);
-        self.norms.clear();
+        sent?;
+        self.recv_replies(1, k)?;
+        let rb = reply_bytes(k);
+        let replies = self.replies.iter().map(|r| &r[..rb]);
+        self.row.merge(replies, k, &mut self.norms);
+        self.pos = pos0 + tokens.len();
+        // `run` drives the nodes' slot 0 directly.
+        self.resets[0] = false;
+        self.slot_pos[0] = self.pos;
+        Ok(())
+    }
+
+    /// Receives each last-stage rank's reply of `rows` top-k records.
+    fn recv_replies(&mut self, rows: usize, k: usize) -> Result<(), ModelError> {
         for i in 0..self.last_stage.len() {
             let r = self.last_stage[i];
-            let mut reply = std::mem::take(&mut self.reply);
+            let mut reply = std::mem::take(&mut self.replies[i]);
+            reply.resize(rows * reply_bytes(k), 0);
             let got = self.group.recv(r, &mut reply);
-            if let Err(e) = got {
-                self.reply = reply;
-                return Err(self.lost(e));
-            }
-            for c in reply[..k * 8].chunks_exact(8) {
-                let id = u32::from_le_bytes([c[0], c[1], c[2], c[3]]);
-                let v = f32::from_le_bytes([c[4], c[5], c[6], c[7]]);
-                if (id as usize) < self.logits.len() {
-                    self.logits[id as usize] = v;
-                    self.set.push(id);
+            self.replies[i] = reply;
+            got.map_err(|e| self.lost(e))?;
+        }
+        Ok(())
+    }
+
+    /// Sends `parts` (header, then payloads) to every node.
+    fn broadcast_step(&mut self, parts: &[&[u8]]) -> Result<(), ModelError> {
+        let mut sent = Ok(());
+        'nodes: for r in 1..=self.peers.len() {
+            for p in parts {
+                sent = self.group.send(r, p);
+                if sent.is_err() {
+                    break 'nodes;
                 }
             }
-            let z = &reply[k * 8..k * 8 + 4];
-            self.norms
-                .push(f32::from_le_bytes([z[0], z[1], z[2], z[3]]));
-            self.reply = reply;
         }
-        self.log_norm = weft_model::sampler::log_sum_exp(&self.norms);
-        // Keep only the best k overall, as one node would see them.
-        if self.set.len() > k {
-            let lg = &self.logits;
-            self.set.sort_unstable_by(|a, b| {
-                lg[*b as usize].total_cmp(&lg[*a as usize]).then(a.cmp(b))
-            });
-            for &i in &self.set[k..] {
-                self.logits[i as usize] = f32::NEG_INFINITY;
-            }
-            self.set.truncate(k);
-        }
-        self.pos = pos0 + tokens.len();
-        Ok(())
+        sent.map_err(|e| self.lost(e))
     }
 
     /// Stops every node's session and returns what each reported.
@@ -330,9 +386,105 @@ impl Backend for Cluster {
         self.run(&[token], p)
     }
     fn logits(&mut self) -> &mut [f32] {
-        &mut self.logits
+        &mut self.row.logits
     }
     fn log_normalizer(&self) -> Option<f32> {
-        self.opts.logprobs.then_some(self.log_norm)
+        self.opts.logprobs.then_some(self.row.log_norm)
+    }
+}
+
+/// Batched steps across the nodes: every span's rows cross the pipeline together and the
+/// last stage sends one top-k record per span that wants logits.
+impl BatchBackend for Cluster {
+    fn n_ctx(&self) -> usize {
+        self.opts.n_ctx
+    }
+    fn slots(&self) -> usize {
+        self.resets.len()
+    }
+    fn max_rows(&self) -> usize {
+        self.opts.ubatch
+    }
+    fn reset(&mut self, slot: usize) -> Result<(), ModelError> {
+        let n = self.resets.len();
+        *self
+            .resets
+            .get_mut(slot)
+            .ok_or_else(|| ModelError::Invalid(format!("slot {slot} of {n}")))? = true;
+        self.slot_pos[slot] = 0;
+        Ok(())
+    }
+    fn step(&mut self, tokens: &[u32], spans: &[SeqSpan]) -> Result<(), ModelError> {
+        let rows: usize = spans.iter().map(|s| s.n_tokens).sum();
+        if rows != tokens.len() || rows == 0 || rows > self.opts.ubatch {
+            return Err(ModelError::Invalid(format!(
+                "a step of {} tokens for spans of {rows} rows (1..={})",
+                tokens.len(),
+                self.opts.ubatch
+            )));
+        }
+        self.span_bytes.clear();
+        for s in spans {
+            let pos = *self.slot_pos.get(s.cache).ok_or_else(|| {
+                ModelError::Invalid(format!("slot {} of {}", s.cache, self.resets.len()))
+            })?;
+            if pos + s.n_tokens > self.opts.n_ctx {
+                return Err(ModelError::ContextFull {
+                    pos: pos + s.n_tokens,
+                    n_ctx: self.opts.n_ctx,
+                });
+            }
+            let mut flags = if s.logits { SPAN_LOGITS } else { 0 };
+            if self.resets[s.cache] {
+                flags |= SPAN_RESET;
+            }
+            for w in [s.cache as u32, s.n_tokens as u32, flags] {
+                self.span_bytes.extend_from_slice(&w.to_le_bytes());
+            }
+        }
+        let k = self.opts.top_k.min(self.opts.n_vocab).max(1);
+        let h = StepHeader {
+            kind: KIND_BATCH,
+            n_tokens: rows as u32,
+            pos0: spans.len() as u32,
+            want_logits: 0,
+            top_k: k as u32,
+            want_norm: u32::from(self.opts.logprobs),
+        }
+        .encode();
+        self.id_bytes.clear();
+        for t in tokens {
+            self.id_bytes.extend_from_slice(&t.to_le_bytes());
+        }
+        let (ids, span_bytes) = (
+            std::mem::take(&mut self.id_bytes),
+            std::mem::take(&mut self.span_bytes),
+        );
+        let sent = self.broadcast_step(&[&h, &span_bytes, &ids]);
+        (self.id_bytes, self.span_bytes) = (ids, span_bytes);
+        sent?;
+        for s in spans {
+            self.resets[s.cache] = false;
+            self.slot_pos[s.cache] += s.n_tokens;
+        }
+        let wanted = spans.iter().filter(|s| s.logits).count();
+        if wanted > 0 {
+            self.recv_replies(wanted, k)?;
+        }
+        while self.rows.len() < wanted {
+            self.rows.push(MergedRow::new(self.opts.n_vocab)); // once per new batch width
+        }
+        let rb = reply_bytes(k);
+        for (i, row) in self.rows.iter_mut().take(wanted).enumerate() {
+            let replies = self.replies.iter().map(|r| &r[i * rb..(i + 1) * rb]);
+            row.merge(replies, k, &mut self.norms);
+        }
+        Ok(())
+    }
+    fn logits(&mut self, i: usize) -> &mut [f32] {
+        &mut self.rows[i].logits
+    }
+    fn log_normalizer(&self, i: usize) -> Option<f32> {
+        self.opts.logprobs.then_some(self.rows[i].log_norm)
     }
 }

@@ -11,11 +11,14 @@ use std::time::{Duration, Instant};
 use weft_comm::{Group, GroupOptions, TransportKind};
 use weft_gguf::GgufFile;
 use weft_kernels::ThreadPool;
-use weft_model::{granularity, KvCache, Model, ModelConfig, ShardSpec};
+use weft_model::{granularity, KvCache, Model, ModelConfig, SeqSpan, ShardSpec};
 
 use crate::control::{self, FromNode, NodePlan, ToNode};
 use crate::stage::StageCollective;
-use crate::step::{encode_top_k, reply_bytes, StepHeader, HEADER_BYTES, KIND_STOP, STATS_BYTES};
+use crate::step::{
+    encode_top_k, reply_bytes, StepHeader, HEADER_BYTES, KIND_BATCH, KIND_STOP, SPAN_BYTES,
+    SPAN_LOGITS, SPAN_RESET, STATS_BYTES,
+};
 
 #[derive(Clone, Debug)]
 pub struct NodeOptions {
@@ -61,7 +64,8 @@ pub fn serve(listener: TcpListener, opts: NodeOptions) -> ! {
 struct Loaded {
     key: String,
     model: Model,
-    kv: KvCache,
+    /// One KV cache per sequence slot of the plan.
+    caches: Vec<KvCache>,
     pool: ThreadPool,
 }
 
@@ -80,15 +84,23 @@ fn session(
         .clone()
         .unwrap_or_else(|| PathBuf::from(&plan.model));
     let threads = opts.threads.unwrap_or(plan.threads).max(1);
+    if plan.slots == 0 || plan.slots > control::MAX_SLOTS {
+        return Err(format!(
+            "the plan asks for {} sequence slots (1..={})",
+            plan.slots,
+            control::MAX_SLOTS
+        ));
+    }
     let key = format!(
-        "{}|{}|{:?}|{}|{:?}|{}|{}",
+        "{}|{}|{:?}|{}|{:?}|{}|{}|{}",
         path.display(),
         plan.tp_rank,
         plan.tp_weights,
         threads,
         plan.layers,
         plan.n_ctx,
-        plan.ubatch
+        plan.ubatch,
+        plan.slots
     );
     if cache.as_ref().map(|c| c.key != key).unwrap_or(true) {
         *cache = None; // free the old shard before loading the new one
@@ -162,7 +174,9 @@ fn load(path: &PathBuf, plan: &NodePlan, threads: usize, key: String) -> Result<
         .map_err(|e| e.to_string())?
         .with_layers(a..b);
     let model = Model::load(file, shard, plan.ubatch).map_err(|e| e.to_string())?;
-    let kv = model.new_cache(plan.n_ctx);
+    let caches = (0..plan.slots.max(1))
+        .map(|_| model.new_cache(plan.n_ctx))
+        .collect();
     tracing::info!(
         "loaded {} layers {a}..{b}, TP rank {} in {:.2} s",
         path.display(),
@@ -172,31 +186,34 @@ fn load(path: &PathBuf, plan: &NodePlan, threads: usize, key: String) -> Result<
     Ok(Loaded {
         key,
         model,
-        kv,
+        caches,
         pool: ThreadPool::new(threads),
     })
 }
 
 /// Runs steps until the coordinator sends a stop; any error ends the session.
 fn run_steps(group: &mut Group, plan: &NodePlan, l: &mut Loaded) -> Result<(), String> {
-    let stages = &plan.stages;
-    let s = plan.stage;
-    let members = &stages[s];
+    let members = &plan.stages[plan.stage];
     let position = members
         .iter()
         .position(|&r| r == plan.rank)
         .ok_or("rank not in its stage")?;
-    let is_first = s == 0;
-    let is_last = s + 1 == stages.len();
-    let e = l.model.cfg.n_embd;
-    let vocab0 = l.model.vocab_range().start;
-    let mut ids = Vec::new();
-    let mut id_bytes = Vec::new();
-    let mut hidden_bytes = vec![0u8; l.model.ubatch() * e * 4];
-    let mut logits = Vec::new();
-    let mut best = Vec::new();
-    let mut reply = Vec::new();
-    let (mut compute, mut comm, mut idle, mut steps, mut syncs) = (0f64, 0f64, 0f64, 0u64, 0u64);
+    let mut st = Stepper {
+        plan,
+        position,
+        ids: Vec::new(),
+        id_bytes: Vec::new(),
+        hidden_bytes: vec![0u8; l.model.ubatch() * l.model.cfg.n_embd * 4],
+        logits: Vec::new(),
+        best: Vec::new(),
+        row_reply: Vec::new(),
+        reply: Vec::new(),
+        spans: Vec::new(),
+        span_bytes: Vec::new(),
+        comm: 0.0,
+        syncs: 0,
+    };
+    let (mut compute, mut comm, mut idle, mut steps) = (0f64, 0f64, 0f64, 0u64);
     let err = |e: weft_comm::CommError| e.to_string();
     loop {
         let t_idle = Instant::now();
@@ -206,107 +223,246 @@ fn run_steps(group: &mut Group, plan: &NodePlan, l: &mut Loaded) -> Result<(), S
         idle += t_idle.elapsed().as_secs_f64();
         let h = StepHeader::decode(&hb)?;
         if h.kind == KIND_STOP {
-            let mut st = Vec::with_capacity(STATS_BYTES);
+            let mut out = Vec::with_capacity(STATS_BYTES);
             for v in [compute, comm, idle] {
-                st.extend_from_slice(&v.to_le_bytes());
+                out.extend_from_slice(&v.to_le_bytes());
             }
-            for v in [steps, syncs, crate::procinfo::peak_rss_bytes().unwrap_or(0)] {
-                st.extend_from_slice(&v.to_le_bytes());
+            let peak = crate::procinfo::peak_rss_bytes().unwrap_or(0);
+            for v in [steps, st.syncs, peak] {
+                out.extend_from_slice(&v.to_le_bytes());
             }
-            group.send(0, &st).map_err(err)?;
+            group.send(0, &out).map_err(err)?;
             return Ok(());
         }
+        let t_step = Instant::now();
+        st.comm = 0.0;
+        if h.kind == KIND_BATCH {
+            st.batch_step(group, l, &h)?;
+        } else {
+            st.run_step(group, l, &h)?;
+        }
+        steps += 1;
+        comm += st.comm;
+        compute += t_step.elapsed().as_secs_f64() - st.comm;
+    }
+}
+
+/// A node's step buffers (reused, so steps allocate nothing) and its place in the plan.
+struct Stepper<'p> {
+    plan: &'p NodePlan,
+    position: usize,
+    ids: Vec<u32>,
+    id_bytes: Vec<u8>,
+    hidden_bytes: Vec<u8>,
+    logits: Vec<f32>,
+    best: Vec<(f32, u32)>,
+    row_reply: Vec<u8>,
+    reply: Vec<u8>,
+    spans: Vec<SeqSpan>,
+    span_bytes: Vec<u8>,
+    /// Seconds of this step spent on the network, and all-reduces so far.
+    comm: f64,
+    syncs: u64,
+}
+
+fn words(bytes: &[u8]) -> impl Iterator<Item = u32> + '_ {
+    bytes
+        .chunks_exact(4)
+        .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+}
+
+impl Stepper<'_> {
+    fn recv_ids(&mut self, group: &mut Group, n: usize) -> Result<(), String> {
+        self.id_bytes.resize(n * 4, 0);
+        group
+            .recv(0, &mut self.id_bytes)
+            .map_err(|e| e.to_string())?;
+        self.ids.clear();
+        self.ids.extend(words(&self.id_bytes));
+        Ok(())
+    }
+
+    /// One sequence in slot 0 (`weft run`): a prompt of any length or one token.
+    fn run_step(
+        &mut self,
+        group: &mut Group,
+        l: &mut Loaded,
+        h: &StepHeader,
+    ) -> Result<(), String> {
         let n = h.n_tokens as usize;
-        id_bytes.resize(n * 4, 0);
-        group.recv(0, &mut id_bytes).map_err(err)?;
-        ids.clear();
-        ids.extend(
-            id_bytes
-                .chunks_exact(4)
-                .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]])),
-        );
+        self.recv_ids(group, n)?;
+        let kv = &mut l.caches[0];
         if h.pos0 == 0 {
-            l.kv.clear();
-        } else if l.kv.pos != h.pos0 as usize {
+            kv.clear();
+        } else if kv.pos != h.pos0 as usize {
             return Err(format!(
                 "step at position {} but this node's cache is at {}",
-                h.pos0, l.kv.pos
+                h.pos0, kv.pos
             ));
         }
-        if h.pos0 as usize + n > l.kv.n_ctx {
+        if h.pos0 as usize + n > kv.n_ctx {
             return Err(format!(
                 "{} tokens past the {}-token context",
                 h.pos0 as usize + n,
-                l.kv.n_ctx
+                kv.n_ctx
             ));
         }
-        let t_step = Instant::now();
-        let mut comm_step = 0f64;
         let ub = l.model.ubatch();
+        let ids = std::mem::take(&mut self.ids);
         let n_chunks = n.div_ceil(ub);
+        let mut result = Ok(());
         for (ci, chunk) in ids.chunks(ub).enumerate() {
-            let m = chunk.len();
-            if is_first {
-                l.model.embed_tokens(chunk).map_err(|e| e.to_string())?;
-            } else {
-                let t = Instant::now();
-                let prev_leader = stages[s - 1][0];
-                group
-                    .recv(prev_leader, &mut hidden_bytes[..m * e * 4])
-                    .map_err(err)?;
-                comm_step += t.elapsed().as_secs_f64();
-                for (dst, src) in l
-                    .model
-                    .hidden_mut(m)
-                    .iter_mut()
-                    .zip(hidden_bytes.chunks_exact(4))
-                {
-                    *dst = f32::from_le_bytes([src[0], src[1], src[2], src[3]]);
-                }
-            }
-            let mut coll = StageCollective {
-                group: &mut *group,
-                members,
-                position,
-                comm_secs: 0.0,
-                syncs: 0,
-            };
-            l.model
-                .forward_hidden(m, &mut l.kv, &mut coll, &l.pool)
-                .map_err(|e| e.to_string())?;
-            comm_step += coll.comm_secs;
-            syncs += coll.syncs;
-            if !is_last && position == 0 {
-                let t = Instant::now();
-                for (o, v) in hidden_bytes
-                    .chunks_exact_mut(4)
-                    .zip(l.model.hidden_mut(m).iter())
-                {
-                    o.copy_from_slice(&v.to_le_bytes());
-                }
-                for &next in &stages[s + 1] {
-                    group.send(next, &hidden_bytes[..m * e * 4]).map_err(err)?;
-                }
-                comm_step += t.elapsed().as_secs_f64();
-            }
-            if is_last && h.want_logits != 0 && ci + 1 == n_chunks {
-                logits.resize(l.model.vocab_range().len(), 0.0);
-                l.model
-                    .logits(m - 1..m, &l.pool, &mut logits)
-                    .map_err(|e| e.to_string())?;
-                let k = h.top_k as usize;
-                encode_top_k(&logits, vocab0, k, h.want_norm != 0, &mut best, &mut reply);
-                if reply.len() != reply_bytes(k) {
-                    return Err(format!(
-                        "top-{k} of a {}-token vocabulary slice",
-                        logits.len()
-                    ));
-                }
-                group.send(0, &reply).map_err(err)?;
+            self.spans.clear();
+            self.spans.push(SeqSpan {
+                cache: 0,
+                n_tokens: chunk.len(),
+                logits: h.want_logits != 0 && ci + 1 == n_chunks,
+            });
+            result = self.pass(group, l, chunk, h);
+            if result.is_err() {
+                break;
             }
         }
-        steps += 1;
-        comm += comm_step;
-        compute += t_step.elapsed().as_secs_f64() - comm_step;
+        self.ids = ids;
+        result
+    }
+
+    /// Several sequences in their slots, as the spans after the header describe.
+    fn batch_step(
+        &mut self,
+        group: &mut Group,
+        l: &mut Loaded,
+        h: &StepHeader,
+    ) -> Result<(), String> {
+        let n_spans = h.pos0 as usize;
+        let n = h.n_tokens as usize;
+        if n_spans == 0 || n_spans > l.caches.len() || n > l.model.ubatch() {
+            return Err(format!(
+                "a batched step of {n_spans} spans and {n} tokens (at most {} slots, {} tokens)",
+                l.caches.len(),
+                l.model.ubatch()
+            ));
+        }
+        self.span_bytes.resize(n_spans * SPAN_BYTES, 0);
+        group
+            .recv(0, &mut self.span_bytes)
+            .map_err(|e| e.to_string())?;
+        self.spans.clear();
+        let held = l.caches.len();
+        for c in self.span_bytes.chunks_exact(SPAN_BYTES) {
+            let w = |i: usize| u32::from_le_bytes([c[i], c[i + 1], c[i + 2], c[i + 3]]);
+            let (slot, count, flags) = (w(0) as usize, w(4) as usize, w(8));
+            let cache = l
+                .caches
+                .get_mut(slot)
+                .ok_or_else(|| format!("span names slot {slot}; this node holds {held}"))?;
+            if flags & SPAN_RESET != 0 {
+                cache.clear();
+            }
+            self.spans.push(SeqSpan {
+                cache: slot,
+                n_tokens: count,
+                logits: flags & SPAN_LOGITS != 0,
+            });
+        }
+        self.recv_ids(group, n)?;
+        let ids = std::mem::take(&mut self.ids);
+        let result = self.pass(group, l, &ids, h);
+        self.ids = ids;
+        result
+    }
+
+    /// Runs `ids`, laid out as `self.spans`, through this node's layers: receive or embed,
+    /// all-reduce inside the stage, hand on the hidden state, or reply with top-k.
+    fn pass(
+        &mut self,
+        group: &mut Group,
+        l: &mut Loaded,
+        ids: &[u32],
+        h: &StepHeader,
+    ) -> Result<(), String> {
+        let plan = self.plan;
+        let stages = &plan.stages;
+        let s = plan.stage;
+        let (is_first, is_last) = (s == 0, s + 1 == stages.len());
+        let e = l.model.cfg.n_embd;
+        let m = ids.len();
+        let err = |e: weft_comm::CommError| e.to_string();
+        if is_first {
+            l.model.embed_tokens(ids).map_err(|e| e.to_string())?;
+        } else {
+            let t = Instant::now();
+            group
+                .recv(stages[s - 1][0], &mut self.hidden_bytes[..m * e * 4])
+                .map_err(err)?;
+            self.comm += t.elapsed().as_secs_f64();
+            for (dst, src) in l
+                .model
+                .hidden_mut(m)
+                .iter_mut()
+                .zip(self.hidden_bytes.chunks_exact(4))
+            {
+                *dst = f32::from_le_bytes([src[0], src[1], src[2], src[3]]);
+            }
+        }
+        let mut coll = StageCollective {
+            group: &mut *group,
+            members: &stages[s],
+            position: self.position,
+            comm_secs: 0.0,
+            syncs: 0,
+        };
+        l.model
+            .forward_hidden_batch(&self.spans, &mut l.caches, &mut coll, &l.pool)
+            .map_err(|e| e.to_string())?;
+        self.comm += coll.comm_secs;
+        self.syncs += coll.syncs;
+        if !is_last && self.position == 0 {
+            let t = Instant::now();
+            for (o, v) in self
+                .hidden_bytes
+                .chunks_exact_mut(4)
+                .zip(l.model.hidden_mut(m).iter())
+            {
+                o.copy_from_slice(&v.to_le_bytes());
+            }
+            for &next in &stages[s + 1] {
+                group
+                    .send(next, &self.hidden_bytes[..m * e * 4])
+                    .map_err(err)?;
+            }
+            self.comm += t.elapsed().as_secs_f64();
+        }
+        let rows = if is_last {
+            l.model.gather_logit_rows(&self.spans)
+        } else {
+            0
+        };
+        if rows > 0 {
+            let n_v = l.model.vocab_range().len();
+            self.logits.resize(rows * n_v, 0.0);
+            l.model
+                .logits(0..rows, &l.pool, &mut self.logits)
+                .map_err(|e| e.to_string())?;
+            let k = h.top_k as usize;
+            let vocab0 = l.model.vocab_range().start;
+            self.reply.clear();
+            for row in self.logits.chunks_exact(n_v) {
+                encode_top_k(
+                    row,
+                    vocab0,
+                    k,
+                    h.want_norm != 0,
+                    &mut self.best,
+                    &mut self.row_reply,
+                );
+                if self.row_reply.len() != reply_bytes(k) {
+                    return Err(format!("top-{k} of a {n_v}-token vocabulary slice"));
+                }
+                self.reply.extend_from_slice(&self.row_reply);
+            }
+            group.send(0, &self.reply).map_err(err)?;
+        }
+        Ok(())
     }
 }

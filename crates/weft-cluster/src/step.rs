@@ -3,6 +3,13 @@
 
 pub const KIND_RUN: u32 = 1;
 pub const KIND_STOP: u32 = 2;
+/// A batched step: `pos0` holds the number of spans, which follow the header as
+/// `(slot, tokens, flags)` words before the token ids.
+pub const KIND_BATCH: u32 = 3;
+/// Span flags of a batched step.
+pub const SPAN_LOGITS: u32 = 1;
+pub const SPAN_RESET: u32 = 2;
+pub const SPAN_BYTES: usize = 12;
 pub const HEADER_BYTES: usize = 24;
 /// Per-node statistics sent after a stop: compute, comm and idle seconds, steps, syncs,
 /// peak RSS bytes.
@@ -51,7 +58,7 @@ impl StepHeader {
             top_k: w(4),
             want_norm: w(5),
         };
-        if h.kind != KIND_RUN && h.kind != KIND_STOP {
+        if ![KIND_RUN, KIND_STOP, KIND_BATCH].contains(&h.kind) {
             return Err(format!("unknown step kind {}", h.kind));
         }
         Ok(h)

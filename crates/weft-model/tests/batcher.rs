@@ -89,9 +89,7 @@ fn batched_requests_match_running_alone() {
             hang_up_after,
             tokens: 0,
         };
-        jobs_tx
-            .send(Job::new(req, Box::new(sink)))
-            .unwrap();
+        jobs_tx.send(Job::new(req, Box::new(sink))).unwrap();
     };
     // A client that hangs up after 2 tokens, then the real requests, one too long.
     submit(99, request(prompts[2].clone(), 50), Some(2));

@@ -223,6 +223,7 @@ pub fn open(
     n_ctx: usize,
     top_k: usize,
     logprobs: bool,
+    slots: usize,
 ) -> Result<Opened> {
     let file =
         Arc::new(GgufFile::open(model).with_context(|| format!("opening {}", model.display()))?);
@@ -266,6 +267,7 @@ pub fn open(
         n_vocab: cfg.n_vocab,
         n_ctx: n_ctx.min(cfg.n_ctx_train).max(1),
         ubatch: DEFAULT_UBATCH,
+        slots: slots.max(1),
         threads_per_node: if l.pin {
             1
         } else {

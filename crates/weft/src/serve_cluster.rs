@@ -1,6 +1,6 @@
-//! `weft serve` as a cluster's coordinator: the cluster runs behind the batcher as a
-//! one-slot backend (requests queue and run one at a time across all nodes), and
-//! `/v1/cluster` describes its nodes, shards and links.
+//! `weft serve` as a cluster's coordinator: the batcher drives the cluster's batched
+//! steps (every node holds a KV cache per slot, and a step's sequences cross the nodes as
+//! one batch), and `/v1/cluster` describes its nodes, shards and links.
 
 use std::path::Path;
 use std::sync::Arc;
@@ -8,7 +8,7 @@ use std::sync::Arc;
 use anyhow::{Context, Result};
 use serde_json::{json, Value};
 use weft_gguf::GgufFile;
-use weft_model::{BatchOptions, SerialBatch};
+use weft_model::BatchOptions;
 use weft_server::{ChatTemplate, ClusterView, EngineHandle};
 use weft_tokenizer::Tokenizer;
 
@@ -38,7 +38,7 @@ impl ClusterView for ClusterInfo {
 pub fn start(a: &ServeArgs, path: &Path, opts: BatchOptions) -> Result<Started> {
     let file = GgufFile::open(path).with_context(|| format!("opening {}", path.display()))?;
     // Each rank sends its slice's top 64 (OpenAI asks for at most 20) and its normalizer.
-    let opened = open(&a.layout, path, a.ctx, 64, true)?;
+    let opened = open(&a.layout, path, a.ctx, 64, true, opts.max_seqs)?;
     let template = chat_template(&file, &opened.tokenizer)?;
     let cluster = opened.cluster;
     let layout = cluster.layout().clone();
@@ -74,10 +74,9 @@ pub fn start(a: &ServeArgs, path: &Path, opts: BatchOptions) -> Result<Started> 
             "injected_delay_us": o.link_delay_us,
             "timeout_ms": o.timeout.as_millis() as u64,
         },
-        "max_sequences": 1,
     });
     let tokenizer = Arc::new(opened.tokenizer);
-    let handle = EngineHandle::start(SerialBatch::new(cluster), tokenizer.clone(), opts)
+    let handle = EngineHandle::start(cluster, tokenizer.clone(), opts)
         .context("starting the batcher thread")?;
     let info = ClusterInfo {
         described,

@@ -251,34 +251,34 @@ fn a_client_that_hangs_up_frees_its_slot() {
     );
 }
 
-#[test]
-fn a_cluster_serves_the_same_text_and_a_lost_node_is_503() {
-    let Some(model) = real_model() else {
-        return;
-    };
-    let body = r#"{"model":"gemma-3-270m-q4_k_m","prompt":"The capital of France is","max_tokens":16,"temperature":0,"logprobs":2}"#;
-    let complete = |s: &Server| -> Value {
-        let (out, err) = s.curl(&[
-            "-H",
-            "Content-Type: application/json",
-            "-d",
-            body,
-            &format!("{}/v1/completions", s.url),
-        ]);
-        serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}: {out} {err}"))
-    };
-    let alone = complete(&Server::start(&model, &[]));
-    let s = Server::start(&model, &["--nodes", "2", "--tp", "2"]);
-    let spread = complete(&s);
-    // Equal text, or a split only where the single node's two best tokens are a near-tie
-    // (TP sums in another order); the same rule as the cluster tests.
+/// Greedy completion of `prompt` with the top two logprobs of each token.
+fn complete(s: &Server, prompt: &str) -> Value {
+    let body = serde_json::json!({
+        "model": "gemma-3-270m-q4_k_m", "prompt": prompt, "max_tokens": 16,
+        "temperature": 0, "logprobs": 2,
+    })
+    .to_string();
+    let (out, err) = s.curl(&[
+        "-H",
+        "Content-Type: application/json",
+        "-d",
+        &body,
+        &format!("{}/v1/completions", s.url),
+    ]);
+    serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}: {out} {err}"))
+}
+
+/// Equal tokens, or a split only where the single node's two best tokens are a near-tie
+/// (TP sums in another order); the same rule as the cluster tests.
+fn assert_same_greedy(what: &str, alone: &Value, got: &Value) {
     let lp = |v: &Value| v["choices"][0]["logprobs"].clone();
-    let (a, b) = (lp(&alone), lp(&spread));
+    let (a, b) = (lp(alone), lp(got));
     let (ta, tb) = (
         a["tokens"].as_array().unwrap(),
         b["tokens"].as_array().unwrap(),
     );
-    if let Some(at) = (0..ta.len().min(tb.len())).find(|&i| ta[i] != tb[i]) {
+    assert_eq!(ta.len(), tb.len(), "{what}: {got} vs {alone}");
+    if let Some(at) = (0..ta.len()).find(|&i| ta[i] != tb[i]) {
         let mut top: Vec<f64> = a["top_logprobs"][at]
             .as_object()
             .unwrap()
@@ -289,40 +289,78 @@ fn a_cluster_serves_the_same_text_and_a_lost_node_is_503() {
         let gap = top[0] - top[1];
         assert!(
             gap < 0.1,
-            "TP=2 parts at token {at} where one node's gap is {gap}: {spread} vs {alone}"
+            "{what}: parts at token {at} where one node's gap is {gap}: {got} vs {alone}"
         );
     }
-    let info = s.get("/v1/cluster");
-    assert_eq!(info["mode"], "cluster", "{info}");
-    assert_eq!(info["nodes"].as_array().map(Vec::len), Some(2), "{info}");
+}
 
-    // Kill one node: the next request is a 503 naming it.
-    let pid = s.child.id();
-    let children = std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children")).unwrap();
-    let node: i32 = children.split_whitespace().next().unwrap().parse().unwrap();
-    // SAFETY: signalling a child process of ours by pid.
-    unsafe { libc::kill(node, libc::SIGKILL) };
-    let (out, _) = s.curl(&[
-        "-w",
-        "\n%{http_code}",
-        "-H",
-        "Content-Type: application/json",
-        "-d",
-        body,
-        &format!("{}/v1/completions", s.url),
-    ]);
-    let (json_body, code) = out.rsplit_once('\n').unwrap();
-    assert_eq!(code, "503", "{out}");
-    let v: Value = serde_json::from_str(json_body).unwrap();
-    let msg = v["error"]["message"].as_str().unwrap_or("");
-    let addrs: Vec<&str> = info["nodes"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter_map(|n| n["address"].as_str())
-        .collect();
-    assert!(
-        addrs.iter().any(|a| msg.contains(a)),
-        "the error names no node of {addrs:?}: {msg}"
-    );
+#[test]
+fn a_cluster_batches_requests_to_the_same_text_and_a_lost_node_is_503() {
+    let Some(model) = real_model() else {
+        return;
+    };
+    let prompts = ["The capital of France is", "Once upon a time"];
+    let alone: Vec<Value> = {
+        let s = Server::start(&model, &[]);
+        prompts.iter().map(|p| complete(&s, p)).collect()
+    };
+    for layout in [["--nodes", "2", "--tp", "2"], ["--nodes", "2", "--pp", "2"]] {
+        let what = layout.join(" ");
+        let s = Server::start(&model, &layout);
+        // Four at once, each prompt twice: the sequences share the cluster's steps.
+        let got: Vec<Value> = std::thread::scope(|sc| {
+            let hs: Vec<_> = (0..4)
+                .map(|i| {
+                    let s = &s;
+                    sc.spawn(move || complete(s, prompts[i % 2]))
+                })
+                .collect();
+            hs.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        for (i, g) in got.iter().enumerate() {
+            assert_same_greedy(&format!("{what}, request {i}"), &alone[i % 2], g);
+        }
+        let info = s.get("/v1/cluster");
+        assert_eq!(info["mode"], "cluster", "{info}");
+        assert_eq!(info["nodes"].as_array().map(Vec::len), Some(2), "{info}");
+        // One at a time would take a step per token of each: 4 x 16 decodes at least.
+        let steps = info["live"]["steps"].as_u64().unwrap();
+        assert!(
+            steps < 60,
+            "{what}: {steps} steps for 4 requests of 16 tokens: not batched"
+        );
+        if layout[2] != "--tp" {
+            continue;
+        }
+        // Kill one node: the next request is a 503 naming it.
+        let pid = s.child.id();
+        let children = std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children")).unwrap();
+        let node: i32 = children.split_whitespace().next().unwrap().parse().unwrap();
+        // SAFETY: signalling a child process of ours by pid.
+        unsafe { libc::kill(node, libc::SIGKILL) };
+        let body = r#"{"model":"gemma-3-270m-q4_k_m","prompt":"Hi","max_tokens":4}"#;
+        let (out, _) = s.curl(&[
+            "-w",
+            "\n%{http_code}",
+            "-H",
+            "Content-Type: application/json",
+            "-d",
+            body,
+            &format!("{}/v1/completions", s.url),
+        ]);
+        let (json_body, code) = out.rsplit_once('\n').unwrap();
+        assert_eq!(code, "503", "{out}");
+        let v: Value = serde_json::from_str(json_body).unwrap();
+        let msg = v["error"]["message"].as_str().unwrap_or("");
+        let addrs: Vec<&str> = info["nodes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter_map(|n| n["address"].as_str())
+            .collect();
+        assert!(
+            addrs.iter().any(|a| msg.contains(a)),
+            "the error names no node of {addrs:?}: {msg}"
+        );
+    }
 }
