@@ -295,7 +295,7 @@ fn assert_same_greedy(what: &str, alone: &Value, got: &Value) {
 }
 
 #[test]
-fn a_cluster_batches_requests_to_the_same_text_and_a_lost_node_is_503() {
+fn a_cluster_batches_requests_a_lost_node_is_503_and_the_cluster_re_forms() {
     let Some(model) = real_model() else {
         return;
     };
@@ -361,6 +361,14 @@ fn a_cluster_batches_requests_to_the_same_text_and_a_lost_node_is_503() {
         assert!(
             addrs.iter().any(|a| msg.contains(a)),
             "the error names no node of {addrs:?}: {msg}"
+        );
+        // The next request forms the cluster again (fresh local nodes) and is served.
+        let again = complete(&s, prompts[0]);
+        assert_same_greedy(&format!("{what}, re-formed"), &alone[0], &again);
+        let after = s.get("/v1/cluster");
+        assert_ne!(
+            after["nodes"], info["nodes"],
+            "the same nodes after re-forming"
         );
     }
 }
