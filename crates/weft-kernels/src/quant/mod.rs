@@ -43,10 +43,13 @@ fn isa() -> Isa {
     })
 }
 
-/// Name of the kernel family in use ("avx2" or "scalar"), for logs and benchmarks.
+/// Name of the kernel family in use ("avx2", "avx2+avx512vnni" or "scalar"), for logs
+/// and benchmarks.
 pub fn simd_name() -> &'static str {
     match isa() {
         Isa::Scalar => "scalar",
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx2 if avx2::q8_0_vnni() => "avx2+avx512vnni",
         #[cfg(target_arch = "x86_64")]
         Isa::Avx2 => "avx2",
     }

@@ -479,3 +479,64 @@ fn simd_handles_extreme_q8_0_weights() {
     let s = scalar::vec_dot(G::Q8_0, 32, &w, &a);
     assert_eq!(vec_dot(G::Q8_0, 32, &w, &a), s);
 }
+
+#[cfg(target_arch = "x86_64")]
+#[test]
+fn q8_0_avx2_and_vnni_matmuls_match_scalar() {
+    // matmul() takes the VNNI tile where the CPU has it; this runs the AVX2 tile too, so
+    // both are checked on such a machine. Sizes cross the VNNI driver's 128-block column
+    // chunk with an odd block count (a half-filled last pair), and token counts its
+    // 8-token tiles; weights include -128, which neither tile may mishandle.
+    if !simd() {
+        return;
+    }
+    let mut rng = Rng::new(11);
+    for n in [32usize, 96, 4096, 8224] {
+        let rows = 5;
+        let mut buf = weight_matrix(&mut rng, G::Q8_0, n, rows);
+        for (i, byte) in buf[1..].iter_mut().enumerate() {
+            if i % 34 >= 2 && i % 7 == 0 {
+                *byte = 0x80;
+            }
+        }
+        let weights = &buf[1..];
+        let rb = row_bytes(G::Q8_0, n);
+        let ab = act_bytes(G::Q8_0, n);
+        for m in [2usize, 7, 8, 11] {
+            let mut acts = Vec::new();
+            for _ in 0..m {
+                acts.extend(act_scalar(G::Q8_0, &rng.values(n)));
+            }
+            let mut via_dispatch = vec![f32::NAN; m * rows];
+            let mut via_avx2 = vec![f32::NAN; m * rows];
+            matmul(
+                G::Q8_0,
+                n,
+                weights,
+                0..rows,
+                &acts,
+                m,
+                &mut via_dispatch,
+                rows,
+            );
+            // SAFETY: AVX2 was detected; sizes as matmul checked them just above.
+            unsafe { avx2::matmul_q8_0_avx2(n, weights, 0..rows, &acts, m, &mut via_avx2, rows) };
+            for t in 0..m {
+                let act = &acts[t * ab..(t + 1) * ab];
+                for r in 0..rows {
+                    let row = &weights[r * rb..(r + 1) * rb];
+                    let (_, mag) = reference_dot(G::Q8_0, n, row, act);
+                    let s = scalar::vec_dot(G::Q8_0, n, row, act) as f64;
+                    let what = format!("Q8_0 n={n} m={m} t={t} r={r}");
+                    close(
+                        via_dispatch[t * rows + r],
+                        s,
+                        mag,
+                        &format!("{what} dispatch"),
+                    );
+                    close(via_avx2[t * rows + r], s, mag, &format!("{what} avx2"));
+                }
+            }
+        }
+    }
+}

@@ -17,6 +17,7 @@ mod act;
 mod float;
 mod kquant;
 mod legacy;
+mod vnni;
 
 use std::arch::x86_64::*;
 use std::ops::Range;
@@ -31,6 +32,29 @@ pub(super) fn available() -> bool {
 }
 
 /// Weight types with AVX2 kernels (Q8_K, an activation format, uses the scalar path).
+/// Whether Q8_0 matmuls of two or more tokens take the AVX-512 VNNI tile.
+pub(super) fn q8_0_vnni() -> bool {
+    vnni::available()
+}
+
+/// The AVX2 Q8_0 matmul even where VNNI is present, for tests that compare the two.
+///
+/// # Safety
+/// As [`matmul`].
+#[cfg(test)]
+pub(super) unsafe fn matmul_q8_0_avx2(
+    n: usize,
+    weights: &[u8],
+    rows: Range<usize>,
+    acts: &[u8],
+    m: usize,
+    out: &mut [f32],
+    out_stride: usize,
+) {
+    // SAFETY: forwarded from the caller.
+    unsafe { matmul_with::<legacy::Q8_0, 1, 4>(n / 32, weights, rows, acts, m, out, out_stride) }
+}
+
 pub(super) fn supports(w: GgmlType) -> bool {
     w != GgmlType::Q8_K
 }
@@ -429,6 +453,9 @@ pub(super) unsafe fn matmul(
             }
             GgmlType::Q5_0 => {
                 matmul_with::<legacy::Q5_0, 1, 4>(nb, weights, rows, acts, m, out, out_stride)
+            }
+            GgmlType::Q8_0 if m >= 2 && vnni::available() => {
+                vnni::matmul_q8_0(nb, weights, rows, acts, m, out, out_stride)
             }
             GgmlType::Q8_0 => {
                 matmul_with::<legacy::Q8_0, 1, 4>(nb, weights, rows, acts, m, out, out_stride)
