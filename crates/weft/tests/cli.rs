@@ -318,19 +318,22 @@ fn gemma3_greedy_matches_llama_cpp() {
             .map(|v| v.as_u64().unwrap())
             .collect();
         let same = got.iter().zip(&want).take_while(|(a, b)| a == b).count();
-        assert!(
-            same >= 15.min(want.len()),
-            "{prompt:?}: only {same} tokens agree\n got {got:?}\nwant {want:?}"
-        );
-        if same < want.len().min(got.len()) {
-            // Where the paths part, llama.cpp's token must be a near-tie in weft's own logprobs.
+        assert_eq!(got.len(), want.len(), "{prompt:?}: token count");
+        eprintln!("{prompt:?}: {same} of {} greedy tokens agree", want.len());
+        if same < want.len() {
+            // No floor on `same`: greedy paths may part at any near-tie (the kernels' summation
+            // order and activation rounding differ from llama.cpp's), and after a part the
+            // texts are unrelated. What must hold is that every token before the part agrees
+            // and the part itself is a near-tie in weft's own logprobs; a real bug shows up as
+            // a large gap there, or in the perplexity test below.
             let top = out["top_logprobs"][same].as_array().unwrap();
             let best = top[0][1].as_f64().unwrap();
             let theirs = top.iter().find(|t| t[0].as_u64() == Some(want[same]));
             let gap = theirs.map(|t| best - t[1].as_f64().unwrap());
             assert!(
                 gap.is_some_and(|g| g < 0.1),
-                "{prompt:?}: at index {same} weft chose {} but llama.cpp's {} is {gap:?} behind",
+                "{prompt:?}: at index {same} weft chose {} but llama.cpp's {} is {gap:?} behind\n \
+                 got {got:?}\nwant {want:?}",
                 got[same],
                 want[same]
             );

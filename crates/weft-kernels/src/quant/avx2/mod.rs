@@ -412,9 +412,9 @@ pub(super) unsafe fn matvec(
             GgmlType::Q4_0 => matvec_with::<legacy::Q4_0>(nb, weights, rows, act, out),
             GgmlType::Q5_0 => matvec_with::<legacy::Q5_0>(nb, weights, rows, act, out),
             GgmlType::Q8_0 => matvec_with::<legacy::Q8_0>(nb, weights, rows, act, out),
-            GgmlType::Q4_K => matvec_with::<kquant::Q4K>(nb, weights, rows, act, out),
-            GgmlType::Q5_K => matvec_with::<kquant::Q5K>(nb, weights, rows, act, out),
-            GgmlType::Q6_K => matvec_with::<kquant::Q6K>(nb, weights, rows, act, out),
+            GgmlType::Q4_K => matvec_with::<kquant::Q4K<false>>(nb, weights, rows, act, out),
+            GgmlType::Q5_K => matvec_with::<kquant::Q5K<false>>(nb, weights, rows, act, out),
+            GgmlType::Q6_K => matvec_with::<kquant::Q6K<false>>(nb, weights, rows, act, out),
             GgmlType::Q8_K => unreachable!("Q8_K weights take the scalar path"),
         }
     }
@@ -460,14 +460,23 @@ pub(super) unsafe fn matmul(
             GgmlType::Q8_0 => {
                 matmul_with::<legacy::Q8_0, 1, 4>(nb, weights, rows, acts, m, out, out_stride)
             }
+            GgmlType::Q4_K if vnni::avx_vnni() => {
+                matmul_with::<kquant::Q4K<true>, 1, 4>(nb, weights, rows, acts, m, out, out_stride)
+            }
             GgmlType::Q4_K => {
-                matmul_with::<kquant::Q4K, 1, 4>(nb, weights, rows, acts, m, out, out_stride)
+                matmul_with::<kquant::Q4K<false>, 1, 4>(nb, weights, rows, acts, m, out, out_stride)
+            }
+            GgmlType::Q5_K if vnni::avx_vnni() => {
+                matmul_with::<kquant::Q5K<true>, 1, 4>(nb, weights, rows, acts, m, out, out_stride)
             }
             GgmlType::Q5_K => {
-                matmul_with::<kquant::Q5K, 1, 4>(nb, weights, rows, acts, m, out, out_stride)
+                matmul_with::<kquant::Q5K<false>, 1, 4>(nb, weights, rows, acts, m, out, out_stride)
+            }
+            GgmlType::Q6_K if vnni::avx_vnni() => {
+                matmul_with::<kquant::Q6K<true>, 1, 4>(nb, weights, rows, acts, m, out, out_stride)
             }
             GgmlType::Q6_K => {
-                matmul_with::<kquant::Q6K, 1, 4>(nb, weights, rows, acts, m, out, out_stride)
+                matmul_with::<kquant::Q6K<false>, 1, 4>(nb, weights, rows, acts, m, out, out_stride)
             }
             GgmlType::Q8_K => unreachable!("Q8_K weights take the scalar path"),
         }

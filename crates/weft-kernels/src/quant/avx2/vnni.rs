@@ -19,15 +19,25 @@ const VCOLS: usize = 128;
 const VT: usize = 8;
 const QB: usize = 34;
 
-/// Whether this CPU runs the VNNI path. `WEFT_KERNELS_NO_AVX512=1` turns it off, for
+/// Whether this CPU runs the VNNI path. `WEFT_KERNELS_NO_VNNI=1` turns it off, for
 /// side-by-side measurements.
 pub(super) fn available() -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *ON.get_or_init(|| {
-        std::env::var_os("WEFT_KERNELS_NO_AVX512").is_none_or(|v| v == "0")
+        std::env::var_os("WEFT_KERNELS_NO_VNNI").is_none_or(|v| v == "0")
             && is_x86_feature_detected!("avx512f")
             && is_x86_feature_detected!("avx512bw")
             && is_x86_feature_detected!("avx512vnni")
+    })
+}
+
+/// Whether the K-quant matmul tiles fuse their scale multiply-add with AVX-VNNI
+/// (`vpdpwssd` on 256-bit registers); same switch as [`available`].
+pub(super) fn avx_vnni() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| {
+        std::env::var_os("WEFT_KERNELS_NO_VNNI").is_none_or(|v| v == "0")
+            && is_x86_feature_detected!("avxvnni")
     })
 }
 
