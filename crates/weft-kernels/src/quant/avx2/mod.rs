@@ -31,8 +31,7 @@ pub(super) fn available() -> bool {
         && is_x86_feature_detected!("f16c")
 }
 
-/// Weight types with AVX2 kernels (Q8_K, an activation format, uses the scalar path).
-/// Whether Q8_0 matmuls of two or more tokens take the AVX-512 VNNI tile.
+/// Whether matmuls of two or more tokens take the AVX-512 VNNI tile (Q8_0, Q5_0, Q4_0).
 pub(super) fn q8_0_vnni() -> bool {
     vnni::available()
 }
@@ -55,6 +54,7 @@ pub(super) unsafe fn matmul_q8_0_avx2(
     unsafe { matmul_with::<legacy::Q8_0, 1, 4>(n / 32, weights, rows, acts, m, out, out_stride) }
 }
 
+/// Weight types with AVX2 kernels (Q8_K, an activation format, uses the scalar path).
 pub(super) fn supports(w: GgmlType) -> bool {
     w != GgmlType::Q8_K
 }
@@ -448,14 +448,20 @@ pub(super) unsafe fn matmul(
             GgmlType::BF16 => {
                 matmul_with::<float::Bf16, 2, 4>(nb, weights, rows, acts, m, out, out_stride)
             }
+            GgmlType::Q4_0 if m >= 2 && vnni::available() => {
+                vnni::matmul::<legacy::Q4_0>(nb, weights, rows, acts, m, out, out_stride)
+            }
             GgmlType::Q4_0 => {
                 matmul_with::<legacy::Q4_0, 1, 4>(nb, weights, rows, acts, m, out, out_stride)
+            }
+            GgmlType::Q5_0 if m >= 2 && vnni::available() => {
+                vnni::matmul::<legacy::Q5_0>(nb, weights, rows, acts, m, out, out_stride)
             }
             GgmlType::Q5_0 => {
                 matmul_with::<legacy::Q5_0, 1, 4>(nb, weights, rows, acts, m, out, out_stride)
             }
             GgmlType::Q8_0 if m >= 2 && vnni::available() => {
-                vnni::matmul_q8_0(nb, weights, rows, acts, m, out, out_stride)
+                vnni::matmul::<legacy::Q8_0>(nb, weights, rows, acts, m, out, out_stride)
             }
             GgmlType::Q8_0 => {
                 matmul_with::<legacy::Q8_0, 1, 4>(nb, weights, rows, acts, m, out, out_stride)

@@ -1,6 +1,6 @@
-//! AVX-512 VNNI matmul for Q8_0 weights against Q8_0 activations, taken for two or more
-//! tokens (batched decode, prefill) where the CPU has it; matvec stays on AVX2, where a
-//! single token is bound by memory, not arithmetic.
+//! AVX-512 VNNI matmul for the 32-value formats (Q8_0, Q5_0, Q4_0) against Q8_0
+//! activations, taken for two or more tokens (batched decode, prefill) where the CPU has
+//! it; matvec stays on AVX2, where a single token is bound by memory, not arithmetic.
 //!
 //! Why a separate driver: the AVX2 tile spends five ops per (block, token) pair (sign,
 //! maddubs, madd, convert, FMA). Here a 512-bit register holds two blocks and one
@@ -9,7 +9,9 @@
 //! by signed bytes, so the activations are stored offset by 128 (a ^ 0x80 = a + 128) in
 //! a per-call buffer, and the excess 128 * sum(w) is subtracted through the
 //! accumulator's starting value, computed once per weight pair for all tokens. Both are
-//! exact in i32, for every byte value including -128.
+//! exact in i32, for every byte value including -128. Q5_0 and Q4_0 blocks are unpacked
+//! to signed bytes (levels minus 16 or 8) once per weight pair and then take the same
+//! path, so the unpacking is shared by the tile's eight tokens.
 
 use super::*;
 
@@ -17,7 +19,43 @@ use super::*;
 const VCOLS: usize = 128;
 /// Tokens per tile: eight accumulators plus the pair's weights stay in registers.
 const VT: usize = 8;
+/// Bytes of a Q8_0 activation block.
 const QB: usize = 34;
+
+/// A 32-value weight format as the tile reads it: an f16 scale in the block's first two
+/// bytes and 32 signed levels.
+pub(super) trait Signed {
+    /// Bytes of one weight block.
+    const WB: usize;
+    /// The block's 32 levels as signed bytes.
+    ///
+    /// # Safety
+    /// AVX2 present; `wp` points to a readable block of `WB` bytes.
+    unsafe fn levels(wp: *const u8) -> __m256i;
+}
+
+impl Signed for legacy::Q8_0 {
+    const WB: usize = QB;
+
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn levels(wp: *const u8) -> __m256i {
+        // SAFETY: the quants are bytes 2..34 of the block.
+        unsafe { load256(wp.add(2)) }
+    }
+}
+
+impl<L: legacy::Levels> Signed for legacy::Offset<L> {
+    const WB: usize = L::WB;
+
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn levels(wp: *const u8) -> __m256i {
+        // SAFETY: forwarded from the caller. The levels are below 32, so the byte
+        // subtraction cannot wrap.
+        unsafe { _mm256_sub_epi8(L::levels(wp), _mm256_set1_epi8(L::OFFSET as i8)) }
+    }
+}
 
 /// Whether this CPU runs the VNNI path. `WEFT_KERNELS_NO_VNNI=1` turns it off, for
 /// side-by-side measurements.
@@ -83,11 +121,15 @@ unsafe fn prepare(chunk: &mut ActChunk, acts: &[*const u8], c0: usize, cl: usize
 /// tokens of `chunk`.
 ///
 /// # Safety
-/// AVX-512F/BW/VNNI present; `rp` is readable for `cl * 34` bytes; `chunk` was prepared
-/// for at least T tokens and `cl` blocks.
+/// AVX-512F/BW/VNNI present; `rp` is readable for `cl * W::WB` bytes; `chunk` was
+/// prepared for at least T tokens and `cl` blocks.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vnni")]
-unsafe fn row_tile<const T: usize>(rp: *const u8, cl: usize, chunk: &ActChunk) -> [f32; T] {
+unsafe fn row_tile<W: Signed, const T: usize>(
+    rp: *const u8,
+    cl: usize,
+    chunk: &ActChunk,
+) -> [f32; T] {
     let mut acc = [_mm512_setzero_ps(); T];
     let offset = _mm512_set1_epi8(0x80u8 as i8);
     let mut b = 0;
@@ -95,14 +137,14 @@ unsafe fn row_tile<const T: usize>(rp: *const u8, cl: usize, chunk: &ActChunk) -
         // SAFETY (this pair): block b is below cl, and b + 1 is read only when below cl;
         // the chunk holds pair b / 2 for every token below T.
         unsafe {
-            let p0 = rp.add(b * QB);
+            let p0 = rp.add(b * W::WB);
             let (w1, d1) = if b + 1 < cl {
-                let p1 = p0.add(QB);
-                (load256(p1.add(2)), f16_to_f32(read_u16(p1)))
+                let p1 = p0.add(W::WB);
+                (W::levels(p1), f16_to_f32(read_u16(p1)))
             } else {
                 (_mm256_setzero_si256(), 0.0)
             };
-            let w = _mm512_inserti64x4::<1>(_mm512_castsi256_si512(load256(p0.add(2))), w1);
+            let w = _mm512_inserti64x4::<1>(_mm512_castsi256_si512(W::levels(p0)), w1);
             // (insertf64x4 of the 256-bit halves: insertf32x8 would need AVX-512DQ.)
             let dw = _mm512_castpd_ps(_mm512_insertf64x4::<1>(
                 _mm512_castpd256_pd512(_mm256_castps_pd(_mm256_set1_ps(f16_to_f32(read_u16(p0))))),
@@ -133,7 +175,7 @@ unsafe fn row_tile<const T: usize>(rp: *const u8, cl: usize, chunk: &ActChunk) -
 /// `c0` blocks); `out` covers `(T - 1) * out_stride + rows.len()` values.
 #[allow(clippy::too_many_arguments)]
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vnni")]
-unsafe fn rows_tile<const T: usize>(
+unsafe fn rows_tile<W: Signed, const T: usize>(
     w: *const u8,
     rb: usize,
     rows: Range<usize>,
@@ -146,30 +188,30 @@ unsafe fn rows_tile<const T: usize>(
 ) {
     for (i, r) in rows.enumerate() {
         // SAFETY: the caller vouches for every row of the range.
-        let rp = unsafe { w.add(r * rb + c0 * QB) };
+        let rp = unsafe { w.add(r * rb + c0 * W::WB) };
         // Even 8 tokens leave this tile waiting on the weight stream: keep misses in
         // flight as matvec does (prefetches never fault; wrapping_add keeps the address
         // defined past the end).
         let mut off = 0;
-        while off < cl * QB {
+        while off < cl * W::WB {
             _mm_prefetch::<_MM_HINT_T0>(rp.wrapping_add(PREFETCH_BYTES + off).cast());
             off += 64;
         }
         // SAFETY: forwarded from the caller.
-        let v = unsafe { row_tile::<T>(rp, cl, chunk) };
+        let v = unsafe { row_tile::<W, T>(rp, cl, chunk) };
         for (t, x) in v.into_iter().enumerate() {
             put(out, t * out_stride + i, x, first);
         }
     }
 }
 
-/// Q8_0 matmul with the VNNI tile; same contract as `matmul_with`.
+/// Matmul of format `W` with the VNNI tile; same contract as `matmul_with`.
 ///
 /// # Safety
-/// [`available`] returned true; `weights` holds `rows.end` rows of `nb` Q8_0 blocks;
+/// [`available`] returned true; `weights` holds `rows.end` rows of `nb` `W` blocks;
 /// `acts` holds `m` activations of `nb` blocks; `out` covers
 /// `(m - 1) * out_stride + rows.len()` values.
-pub(super) unsafe fn matmul_q8_0(
+pub(super) unsafe fn matmul<W: Signed>(
     nb: usize,
     weights: &[u8],
     rows: Range<usize>,
@@ -184,7 +226,7 @@ pub(super) unsafe fn matmul_q8_0(
         }
         return;
     }
-    let rb = nb * QB;
+    let (rb, ab) = (nb * W::WB, nb * QB);
     let mut chunk = ActChunk {
         quants: [[0; VCOLS * 32]; VT],
         scales: [[0.0; VCOLS * 8]; VT],
@@ -197,7 +239,7 @@ pub(super) unsafe fn matmul_q8_0(
         while t0 < m {
             let tn = VT.min(m - t0);
             for (t, p) in ptrs.iter_mut().enumerate().take(tn) {
-                *p = acts[(t0 + t) * rb..].as_ptr();
+                *p = acts[(t0 + t) * ab..].as_ptr();
             }
             let o = &mut out[t0 * out_stride..];
             let (w, rows) = (weights.as_ptr(), rows.clone());
@@ -206,14 +248,14 @@ pub(super) unsafe fn matmul_q8_0(
             unsafe {
                 prepare(&mut chunk, &ptrs[..tn], c0, cl);
                 match tn {
-                    8 => rows_tile::<8>(w, rb, rows, c0, cl, &chunk, o, out_stride, first),
-                    7 => rows_tile::<7>(w, rb, rows, c0, cl, &chunk, o, out_stride, first),
-                    6 => rows_tile::<6>(w, rb, rows, c0, cl, &chunk, o, out_stride, first),
-                    5 => rows_tile::<5>(w, rb, rows, c0, cl, &chunk, o, out_stride, first),
-                    4 => rows_tile::<4>(w, rb, rows, c0, cl, &chunk, o, out_stride, first),
-                    3 => rows_tile::<3>(w, rb, rows, c0, cl, &chunk, o, out_stride, first),
-                    2 => rows_tile::<2>(w, rb, rows, c0, cl, &chunk, o, out_stride, first),
-                    _ => rows_tile::<1>(w, rb, rows, c0, cl, &chunk, o, out_stride, first),
+                    8 => rows_tile::<W, 8>(w, rb, rows, c0, cl, &chunk, o, out_stride, first),
+                    7 => rows_tile::<W, 7>(w, rb, rows, c0, cl, &chunk, o, out_stride, first),
+                    6 => rows_tile::<W, 6>(w, rb, rows, c0, cl, &chunk, o, out_stride, first),
+                    5 => rows_tile::<W, 5>(w, rb, rows, c0, cl, &chunk, o, out_stride, first),
+                    4 => rows_tile::<W, 4>(w, rb, rows, c0, cl, &chunk, o, out_stride, first),
+                    3 => rows_tile::<W, 3>(w, rb, rows, c0, cl, &chunk, o, out_stride, first),
+                    2 => rows_tile::<W, 2>(w, rb, rows, c0, cl, &chunk, o, out_stride, first),
+                    _ => rows_tile::<W, 1>(w, rb, rows, c0, cl, &chunk, o, out_stride, first),
                 }
             }
             t0 += tn;
