@@ -11,7 +11,7 @@ use weft_gguf::GgmlType;
 use weft_model::synthetic::{synthetic_model, SyntheticSpec};
 use weft_model::Arch;
 
-use common::{ok_json, real_model};
+use common::{ok_json, real_model, GEMMA3_TOL};
 
 fn weft(args: &[&str], home: &Path) -> Output {
     Command::new(env!("CARGO_BIN_EXE_weft"))
@@ -331,7 +331,7 @@ fn gemma3_greedy_matches_llama_cpp() {
             let theirs = top.iter().find(|t| t[0].as_u64() == Some(want[same]));
             let gap = theirs.map(|t| best - t[1].as_f64().unwrap());
             assert!(
-                gap.is_some_and(|g| g < 0.1),
+                gap.is_some_and(|g| g < GEMMA3_TOL),
                 "{prompt:?}: at index {same} weft chose {} but llama.cpp's {} is {gap:?} behind\n \
                  got {got:?}\nwant {want:?}",
                 got[same],

@@ -14,7 +14,7 @@ use weft_gguf::GgmlType;
 use weft_model::synthetic::{synthetic_model, SyntheticSpec};
 use weft_model::Arch;
 
-use common::{ok_json, real_model};
+use common::{ok_json, real_model, GEMMA3_TOL};
 
 fn weft(args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_weft"))
@@ -53,17 +53,42 @@ fn greedy(model: &str, prompt: &str, n: usize, layout: &[&str]) -> Value {
     ok_json(&weft(&args))
 }
 
-/// The cluster's greedy path must equal the single node's, or part only where the single
-/// node's own two best tokens are a near-tie (summation order differs across nodes).
-fn assert_same_path(what: &str, single: &Value, got: &Value) {
+/// How far one token's logprob may move when only the summation order changes, on a
+/// synthetic model (small activations: the 8-bit activation rounding rarely flips).
+const SYNTHETIC_TOL: f64 = 0.1;
+
+/// The logprob of `id` in the `top_logprobs` entry `i` of a run, if it made the top list.
+fn top_logprob(run: &Value, i: usize, id: u64) -> Option<f64> {
+    run["top_logprobs"][i]
+        .as_array()?
+        .iter()
+        .find(|t| t[0].as_u64() == Some(id))
+        .and_then(|t| t[1].as_f64())
+}
+
+/// The cluster's greedy path must equal the single node's up to a part, with each token's
+/// logprob within `tol` of the single node's; where they part, each run's choice must be
+/// within `tol` of the best in the other's logprobs (a near-tie, not a wrong shard).
+fn assert_same_path(what: &str, single: &Value, got: &Value, tol: f64) {
     let (a, b) = (ids(single, "token_ids"), ids(got, "token_ids"));
     let same = a.iter().zip(&b).take_while(|(x, y)| x == y).count();
-    if same < a.len().min(b.len()) {
-        let top = single["top_logprobs"][same].as_array().unwrap();
-        let gap = top[0][1].as_f64().unwrap() - top[1][1].as_f64().unwrap();
+    for i in 0..same {
+        let (x, y) = (top_logprob(single, i, a[i]), top_logprob(got, i, b[i]));
         assert!(
-            gap < 0.1,
-            "{what}: parts at {same} where the single node's gap is {gap}\n one {a:?}\n got {b:?}"
+            matches!((x, y), (Some(x), Some(y)) if (x - y).abs() < tol),
+            "{what}: token {i} ({}) has logprob {x:?} on one node but {y:?}",
+            a[i]
+        );
+    }
+    if same < a.len().min(b.len()) {
+        let best = |run: &Value| run["top_logprobs"][same][0][1].as_f64().unwrap();
+        let in_single = top_logprob(single, same, b[same]).map(|lp| best(single) - lp);
+        let in_got = top_logprob(got, same, a[same]).map(|lp| best(got) - lp);
+        assert!(
+            in_single.is_some_and(|g| g < tol) && in_got.is_some_and(|g| g < tol),
+            "{what}: parts at {same}; the cluster's token is {in_single:?} behind in the \
+             single node's logprobs, the single node's {in_got:?} behind in the cluster's\n \
+             one {a:?}\n got {b:?}"
         );
     } else {
         assert_eq!(
@@ -102,7 +127,12 @@ fn every_layout_matches_one_node_on_synthetic_models() {
         let single = greedy(m, "the cat sat on the mat", 16, &[]);
         for l in layouts {
             let got = greedy(m, "the cat sat on the mat", 16, l);
-            assert_same_path(&format!("{} {ty} {l:?}", arch.name()), &single, &got);
+            assert_same_path(
+                &format!("{} {ty} {l:?}", arch.name()),
+                &single,
+                &got,
+                SYNTHETIC_TOL,
+            );
             assert_eq!(got["prompt_ids"], single["prompt_ids"]);
             // Logprobs come from the merged top-k and the ranks' normalizers.
             let (x, y) = (
@@ -123,7 +153,7 @@ fn gemma3_every_layout_matches_one_node() {
     let single = greedy(m, PROMPT, 32, &[]);
     for l in LAYOUTS {
         let got = greedy(m, PROMPT, 32, l);
-        assert_same_path(&format!("gemma3 {l:?}"), &single, &got);
+        assert_same_path(&format!("gemma3 {l:?}"), &single, &got, GEMMA3_TOL);
         assert_eq!(
             got["tp"].as_u64().unwrap() * got["pp"].as_u64().unwrap(),
             got["nodes"].as_array().unwrap().len() as u64
@@ -338,7 +368,7 @@ fn tp2_across_network_namespaces() {
             "tcp",
         ],
     );
-    assert_same_path("TP=2 across namespaces", &single, &got);
+    assert_same_path("TP=2 across namespaces", &single, &got, SYNTHETIC_TOL);
     assert_eq!(got["nodes"].as_array().unwrap().len(), 2);
 }
 
