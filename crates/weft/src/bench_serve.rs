@@ -42,14 +42,32 @@ pub struct ServeBenchArgs {
 
 /// One streamed request's timings.
 struct StreamTiming {
-    ttft: f64,
+    /// When the request was sent.
+    sent: Instant,
+    /// Tokens generated, as the final usage chunk says.
     tokens: usize,
-    /// Seconds from the first to the last token.
-    decode: f64,
-    end: Instant,
-    first: Instant,
-    /// Arrival time of every chunk that carried text.
+    /// Arrival time of every chunk that carried text; never empty.
     arrivals: Vec<Instant>,
+}
+
+impl StreamTiming {
+    fn first(&self) -> Instant {
+        self.arrivals[0]
+    }
+
+    fn end(&self) -> Instant {
+        self.arrivals[self.arrivals.len() - 1]
+    }
+
+    /// Seconds from sending to the first token.
+    fn ttft(&self) -> f64 {
+        (self.first() - self.sent).as_secs_f64()
+    }
+
+    /// Seconds from the first to the last token.
+    fn decode(&self) -> f64 {
+        (self.end() - self.first()).as_secs_f64()
+    }
 }
 
 struct Client {
@@ -79,7 +97,7 @@ impl Client {
             bail!("the server answered {text}");
         }
         let reader = BufReader::new(resp.into_body().into_reader());
-        let (mut first, mut last, mut tokens) = (None, t0, 0usize);
+        let mut tokens = 0usize;
         let mut arrivals = Vec::with_capacity(max_tokens);
         for line in reader.lines() {
             let line = line.context("reading the event stream")?;
@@ -100,19 +118,18 @@ impl Client {
                 .as_str()
                 .is_some_and(|t| !t.is_empty());
             if has_text {
-                let now = Instant::now();
-                first.get_or_insert(now);
-                last = now;
-                arrivals.push(now);
+                arrivals.push(Instant::now());
             }
         }
-        let first = first.ok_or_else(|| anyhow!("the stream carried no text"))?;
+        if arrivals.is_empty() {
+            bail!("the stream carried no text");
+        }
+        if tokens == 0 {
+            bail!("the stream carried no usage.completion_tokens");
+        }
         Ok(StreamTiming {
-            ttft: (first - t0).as_secs_f64(),
+            sent: t0,
             tokens,
-            decode: (last - first).as_secs_f64(),
-            end: last,
-            first,
             arrivals,
         })
     }
@@ -239,11 +256,11 @@ pub fn run(a: ServeBenchArgs) -> Result<()> {
     let mut idle_ttft: Vec<f64> = (0..a.probes)
         .map(|_| {
             jitter.pause();
-            client.stream(SHORT, 1).map(|t| t.ttft)
+            client.stream(SHORT, 1).map(|t| t.ttft())
         })
         .collect::<Result<_>>()?;
     let one = client.stream(PROMPT, n)?;
-    let one_tok_s = (one.tokens - 1) as f64 / one.decode.max(1e-9);
+    let one_tok_s = (one.tokens - 1) as f64 / one.decode().max(1e-9);
 
     // C streams at once: aggregate = all tokens after each stream's first, over the span
     // in which every stream was decoding, measured from first tokens to last tokens.
@@ -260,12 +277,12 @@ pub fn run(a: ServeBenchArgs) -> Result<()> {
     })?;
     let start = runs
         .iter()
-        .map(|r| r.first)
+        .map(StreamTiming::first)
         .min()
         .unwrap_or_else(Instant::now);
     let end = runs
         .iter()
-        .map(|r| r.end)
+        .map(StreamTiming::end)
         .max()
         .unwrap_or_else(Instant::now);
     let decoded: usize = runs.iter().map(|r| r.tokens - 1).sum();
@@ -274,8 +291,8 @@ pub fn run(a: ServeBenchArgs) -> Result<()> {
     // the last stream's first token to the first stream's last), so the staggered
     // prefills at the start and the stragglers at the end are left out.
     let (win_start, win_end) = (
-        runs.iter().map(|r| r.first).max().unwrap_or(start),
-        runs.iter().map(|r| r.end).min().unwrap_or(end),
+        runs.iter().map(StreamTiming::first).max().unwrap_or(start),
+        runs.iter().map(StreamTiming::end).min().unwrap_or(end),
     );
     let in_window: usize = runs
         .iter()
@@ -294,9 +311,9 @@ pub fn run(a: ServeBenchArgs) -> Result<()> {
     };
     let mut per_stream: Vec<f64> = runs
         .iter()
-        .map(|r| (r.tokens - 1) as f64 / r.decode.max(1e-9))
+        .map(|r| (r.tokens - 1) as f64 / r.decode().max(1e-9))
         .collect();
-    let mut load_ttft: Vec<f64> = runs.iter().map(|r| r.ttft).collect();
+    let mut load_ttft: Vec<f64> = runs.iter().map(StreamTiming::ttft).collect();
 
     // Time to first token of a short prompt while C-1 long streams decode.
     let mut busy_ttft = Vec::new();
@@ -311,7 +328,7 @@ pub fn run(a: ServeBenchArgs) -> Result<()> {
         std::thread::sleep(Duration::from_millis(1500)); // let them all reach decoding
         for _ in 0..a.probes {
             jitter.pause();
-            busy_ttft.push(client.stream(SHORT, 1)?.ttft);
+            busy_ttft.push(client.stream(SHORT, 1)?.ttft());
         }
         for h in hs {
             h.join()

@@ -49,7 +49,7 @@ pub fn simd_name() -> &'static str {
     match isa() {
         Isa::Scalar => "scalar",
         #[cfg(target_arch = "x86_64")]
-        Isa::Avx2 if avx2::q8_0_vnni() => "avx2+avx512vnni",
+        Isa::Avx2 if avx2::vnni_matmul() => "avx2+avx512vnni",
         #[cfg(target_arch = "x86_64")]
         Isa::Avx2 => "avx2",
     }

@@ -32,7 +32,7 @@ pub(super) fn available() -> bool {
 }
 
 /// Whether matmuls of two or more tokens take the AVX-512 VNNI tile (Q8_0, Q5_0, Q4_0).
-pub(super) fn q8_0_vnni() -> bool {
+pub(super) fn vnni_matmul() -> bool {
     vnni::available()
 }
 
@@ -436,6 +436,8 @@ pub(super) unsafe fn matmul(
     out_stride: usize,
 ) {
     let nb = n / w.block_size();
+    // The 512-bit tile pays off from two tokens; the 256-bit vpdpwssd fusion always.
+    let (vnni512, vnni256) = (m >= 2 && vnni::available(), vnni::avx_vnni());
     // SAFETY: forwarded from the caller.
     unsafe {
         match w {
@@ -448,37 +450,37 @@ pub(super) unsafe fn matmul(
             GgmlType::BF16 => {
                 matmul_with::<float::Bf16, 2, 4>(nb, weights, rows, acts, m, out, out_stride)
             }
-            GgmlType::Q4_0 if m >= 2 && vnni::available() => {
+            GgmlType::Q4_0 if vnni512 => {
                 vnni::matmul::<legacy::Q4_0>(nb, weights, rows, acts, m, out, out_stride)
             }
             GgmlType::Q4_0 => {
                 matmul_with::<legacy::Q4_0, 1, 4>(nb, weights, rows, acts, m, out, out_stride)
             }
-            GgmlType::Q5_0 if m >= 2 && vnni::available() => {
+            GgmlType::Q5_0 if vnni512 => {
                 vnni::matmul::<legacy::Q5_0>(nb, weights, rows, acts, m, out, out_stride)
             }
             GgmlType::Q5_0 => {
                 matmul_with::<legacy::Q5_0, 1, 4>(nb, weights, rows, acts, m, out, out_stride)
             }
-            GgmlType::Q8_0 if m >= 2 && vnni::available() => {
+            GgmlType::Q8_0 if vnni512 => {
                 vnni::matmul::<legacy::Q8_0>(nb, weights, rows, acts, m, out, out_stride)
             }
             GgmlType::Q8_0 => {
                 matmul_with::<legacy::Q8_0, 1, 4>(nb, weights, rows, acts, m, out, out_stride)
             }
-            GgmlType::Q4_K if vnni::avx_vnni() => {
+            GgmlType::Q4_K if vnni256 => {
                 matmul_with::<kquant::Q4K<true>, 1, 4>(nb, weights, rows, acts, m, out, out_stride)
             }
             GgmlType::Q4_K => {
                 matmul_with::<kquant::Q4K<false>, 1, 4>(nb, weights, rows, acts, m, out, out_stride)
             }
-            GgmlType::Q5_K if vnni::avx_vnni() => {
+            GgmlType::Q5_K if vnni256 => {
                 matmul_with::<kquant::Q5K<true>, 1, 4>(nb, weights, rows, acts, m, out, out_stride)
             }
             GgmlType::Q5_K => {
                 matmul_with::<kquant::Q5K<false>, 1, 4>(nb, weights, rows, acts, m, out, out_stride)
             }
-            GgmlType::Q6_K if vnni::avx_vnni() => {
+            GgmlType::Q6_K if vnni256 => {
                 matmul_with::<kquant::Q6K<true>, 1, 4>(nb, weights, rows, acts, m, out, out_stride)
             }
             GgmlType::Q6_K => {

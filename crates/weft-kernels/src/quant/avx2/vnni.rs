@@ -57,12 +57,17 @@ impl<L: legacy::Levels> Signed for legacy::Offset<L> {
     }
 }
 
-/// Whether this CPU runs the VNNI path. `WEFT_KERNELS_NO_VNNI=1` turns it off, for
+/// Whether `WEFT_KERNELS_NO_VNNI` (set and not "0") turns every VNNI path off, for
 /// side-by-side measurements.
+fn switched_off() -> bool {
+    std::env::var_os("WEFT_KERNELS_NO_VNNI").is_some_and(|v| v != "0")
+}
+
+/// Whether this CPU runs the AVX-512 VNNI tile and [`switched_off`] does not forbid it.
 pub(super) fn available() -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *ON.get_or_init(|| {
-        std::env::var_os("WEFT_KERNELS_NO_VNNI").is_none_or(|v| v == "0")
+        !switched_off()
             && is_x86_feature_detected!("avx512f")
             && is_x86_feature_detected!("avx512bw")
             && is_x86_feature_detected!("avx512vnni")
@@ -70,13 +75,10 @@ pub(super) fn available() -> bool {
 }
 
 /// Whether the K-quant matmul tiles fuse their scale multiply-add with AVX-VNNI
-/// (`vpdpwssd` on 256-bit registers); same switch as [`available`].
+/// (`vpdpwssd` on 256-bit registers); the same [`switched_off`] applies.
 pub(super) fn avx_vnni() -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| {
-        std::env::var_os("WEFT_KERNELS_NO_VNNI").is_none_or(|v| v == "0")
-            && is_x86_feature_detected!("avxvnni")
-    })
+    *ON.get_or_init(|| !switched_off() && is_x86_feature_detected!("avxvnni"))
 }
 
 /// The activations of one token chunk and column chunk, laid out for the tile: quants
