@@ -1,15 +1,12 @@
 //! The control channel between the coordinator and a node: an authenticated TCP
-//! connection (weft-comm's handshake) carrying length-prefixed JSON messages.
+//! connection (weft-comm's handshake) carrying length-prefixed JSON messages, with
+//! heartbeats beside them (`heartbeat::ControlLink`).
 
-use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 use weft_comm::handshake::{handshake, Hello};
-
-/// Control messages are small; anything longer is refused.
-const MAX_MESSAGE: usize = 1 << 20;
 
 /// A node's part of a plan.
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -64,40 +61,6 @@ pub enum FromNode {
     Failed {
         error: String,
     },
-}
-
-pub fn send<T: Serialize>(s: &mut TcpStream, msg: &T) -> Result<(), String> {
-    let body = serde_json::to_vec(msg).map_err(|e| format!("encoding a control message: {e}"))?;
-    let mut frame = (body.len() as u32).to_le_bytes().to_vec();
-    frame.extend_from_slice(&body);
-    s.write_all(&frame)
-        .map_err(|e| format!("sending a control message: {e}"))
-}
-
-pub fn recv<T: for<'de> Deserialize<'de>>(
-    s: &mut TcpStream,
-    timeout: Duration,
-) -> Result<T, String> {
-    s.set_read_timeout(Some(timeout))
-        .map_err(|e| format!("setting a timeout: {e}"))?;
-    let mut len = [0u8; 4];
-    s.read_exact(&mut len).map_err(|e| match e.kind() {
-        std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut => {
-            format!("no control message within {timeout:?}")
-        }
-        std::io::ErrorKind::UnexpectedEof => "the connection closed".to_string(),
-        _ => format!("reading a control message: {e}"),
-    })?;
-    let n = u32::from_le_bytes(len) as usize;
-    if n > MAX_MESSAGE {
-        return Err(format!(
-            "control message of {n} bytes exceeds the {MAX_MESSAGE}-byte limit"
-        ));
-    }
-    let mut body = vec![0u8; n];
-    s.read_exact(&mut body)
-        .map_err(|e| format!("reading a control message: {e}"))?;
-    serde_json::from_slice(&body).map_err(|e| format!("malformed control message: {e}"))
 }
 
 /// The coordinator's side: connect to a node and authenticate.

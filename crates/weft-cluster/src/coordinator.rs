@@ -2,16 +2,17 @@
 //! group as rank 0, and runs sequences as a generation `Backend`: it sends each step's
 //! tokens, gathers the last stage's top-k replies, and samples. Only it sees logits.
 
-use std::net::TcpStream;
+use std::sync::Arc;
 use std::time::Duration;
 
 use serde::Serialize;
-use weft_comm::{CommError, Group};
+use weft_comm::{CommError, Group, Liveness};
 use weft_model::{Backend, BatchBackend, ModelError, SeqSpan};
 
 use crate::control::{self, FromNode, NodePlan, ToNode};
+use crate::heartbeat::{ControlLink, Hooks};
 use crate::layout::Layout;
-use crate::node::group_options;
+use crate::node::{group_options, CONTROL_SILENCE};
 use crate::step::{
     reply_bytes, StepHeader, KIND_BATCH, KIND_RUN, KIND_STOP, SPAN_LOGITS, SPAN_RESET, STATS_BYTES,
 };
@@ -29,7 +30,8 @@ pub struct ClusterOptions {
     pub threads_per_node: usize,
     pub transport: String,
     pub link_delay_us: f64,
-    /// Deadline of every data-plane wait; a lost node is reported within about this.
+    /// How long a node may be silent (no data, no heartbeat) before it is lost; a node
+    /// that computes for longer, but keeps beating, is busy, not lost.
     pub timeout: Duration,
     /// Candidates each last-stage rank sends per step (sampling sees these).
     pub top_k: usize,
@@ -55,8 +57,9 @@ pub struct Cluster {
     group: Group,
     layout: Layout,
     peers: Vec<String>,
-    /// Control connections, held open for the session.
-    _controls: Vec<TcpStream>,
+    /// Control links, held open for the session: their heartbeats feed `liveness`.
+    _controls: Vec<ControlLink<FromNode, ToNode>>,
+    liveness: Arc<Liveness>,
     shard_bytes: Vec<u64>,
     load_rss: Vec<u64>,
     opts: ClusterOptions,
@@ -148,10 +151,14 @@ impl Cluster {
             ));
         }
         let stages = layout.stage_ranks();
+        let liveness = Arc::new(Liveness::new(peers.len() + 1, None));
         let mut controls = Vec::new();
         for (i, addr) in peers.iter().enumerate() {
-            let mut c = control::dial(addr, &opts.secret, Duration::from_secs(10))
+            let c = control::dial(addr, &opts.secret, Duration::from_secs(10))
                 .map_err(|e| format!("node {addr}: {e}"))?;
+            let c: ControlLink<FromNode, ToNode> =
+                ControlLink::start(c, addr, coordinator_hooks(&liveness, i + 1))
+                    .map_err(|e| format!("node {addr}: {e}"))?;
             let stage = i / layout.tp;
             let plan = NodePlan {
                 model: opts.model.clone(),
@@ -170,14 +177,16 @@ impl Cluster {
                 link_delay_us: opts.link_delay_us,
                 timeout_ms: opts.timeout.as_millis() as u64,
             };
-            control::send(&mut c, &ToNode::Plan(Box::new(plan)))
+            c.send(&ToNode::Plan(Box::new(plan)))
                 .map_err(|e| format!("node {addr}: {e}"))?;
             controls.push(c);
         }
         let mut addrs = vec![String::new()];
         let (mut shard_bytes, mut load_rss) = (Vec::new(), Vec::new());
-        for (c, addr) in controls.iter_mut().zip(peers) {
-            match control::recv::<FromNode>(c, Duration::from_secs(120))
+        // Loading may take long: nodes beat while they load, and only silence fails.
+        for (c, addr) in controls.iter().zip(peers) {
+            match c
+                .recv(CONTROL_SILENCE)
                 .map_err(|e| format!("node {addr}: {e}"))?
             {
                 FromNode::Ready {
@@ -193,34 +202,33 @@ impl Cluster {
             }
         }
         // Our own data listener, reachable by the nodes at the address we reach them from.
-        let ip = controls[0].local_addr().map_err(|e| e.to_string())?.ip();
+        let ip = controls[0].local_ip()?;
         let listener = weft_comm::bind(&format!("{ip}:0")).map_err(|e| e.to_string())?;
         addrs[0] = listener
             .local_addr()
             .map_err(|e| e.to_string())?
             .to_string();
-        for (c, addr) in controls.iter_mut().zip(peers) {
-            control::send(
-                c,
-                &ToNode::Go {
-                    addrs: addrs.clone(),
-                },
-            )
+        for (c, addr) in controls.iter().zip(peers) {
+            c.send(&ToNode::Go {
+                addrs: addrs.clone(),
+            })
             .map_err(|e| format!("node {addr}: {e}"))?;
         }
-        let gopts = group_options(
+        let mut gopts = group_options(
             0,
             &opts.transport,
             opts.link_delay_us,
             opts.timeout.as_millis() as u64,
             opts.secret.clone(),
         )?;
+        gopts.liveness = Some(liveness.clone());
         let group = Group::with_listener(0, &addrs, listener, gopts).map_err(|e| e.to_string())?;
         Ok(Cluster {
             group,
             layout,
             peers: peers.to_vec(),
             _controls: controls,
+            liveness,
             shard_bytes,
             load_rss,
             row: MergedRow::new(opts.n_vocab),
@@ -251,6 +259,13 @@ impl Cluster {
 
     pub fn options(&self) -> &ClusterOptions {
         &self.opts
+    }
+
+    /// How long each node (in node order) has been silent on its control link.
+    pub fn silences(&self) -> Vec<Duration> {
+        (1..=self.peers.len())
+            .map(|r| self.liveness.silent_for(r))
+            .collect()
     }
 
     /// Names the node behind a data-plane error.
@@ -363,6 +378,20 @@ impl Cluster {
             });
         }
         Ok(out)
+    }
+}
+
+/// Node `rank`'s beats (and the end of its control link) feed the coordinator's table;
+/// the coordinator's own beats relay that table to every node.
+fn coordinator_hooks(liveness: &Arc<Liveness>, rank: usize) -> Hooks {
+    let (on_beat, on_end, ages) = (liveness.clone(), liveness.clone(), liveness.clone());
+    Hooks {
+        on_beat: Box::new(move |_| on_beat.heard(rank)),
+        on_end: Box::new(move || on_end.mark_dead(rank)),
+        ages: Box::new(move || {
+            ages.heard(0);
+            ages.ages_ms()
+        }),
     }
 }
 

@@ -6,6 +6,7 @@
 
 pub mod control;
 pub mod coordinator;
+pub mod heartbeat;
 pub mod layout;
 pub mod node;
 pub mod procinfo;

@@ -3,22 +3,39 @@
 //! data-plane group and runs its part of every step until the coordinator stops or a peer
 //! is lost; then it waits for the next coordinator. A failed request never ends the node.
 
-use std::net::{TcpListener, TcpStream};
+use std::collections::VecDeque;
+use std::net::{IpAddr, Shutdown, TcpListener, TcpStream};
 use std::path::PathBuf;
-use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::mpsc;
+use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
-use weft_comm::{Group, GroupOptions, TransportKind};
+use weft_comm::{Group, GroupOptions, Liveness, TransportKind};
 use weft_gguf::GgufFile;
 use weft_kernels::ThreadPool;
 use weft_model::{granularity, KvCache, Model, ModelConfig, SeqSpan, ShardSpec};
 
 use crate::control::{self, FromNode, NodePlan, ToNode};
+use crate::heartbeat::{ControlLink, Hooks};
 use crate::stage::StageCollective;
 use crate::step::{
     encode_top_k, reply_bytes, StepHeader, HEADER_BYTES, KIND_BATCH, KIND_STOP, SPAN_BYTES,
     SPAN_LOGITS, SPAN_RESET, STATS_BYTES,
 };
+
+/// How long an unauthenticated connection may take to prove itself.
+const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(3);
+/// Handshakes in flight at once; a new connection past this closes the oldest pending
+/// one, so silent connections cannot keep a real coordinator out.
+const MAX_PENDING: usize = 32;
+/// How long an authenticated coordinator waits for the session before it is told the
+/// node is busy with another.
+const BUSY_WAIT: Duration = Duration::from_secs(10);
+/// How long a coordinator may be silent (no message, no heartbeat) on the control channel.
+pub const CONTROL_SILENCE: Duration = Duration::from_secs(10);
+/// Ranks a node's liveness table can hold before the plan says how many there are.
+const MAX_RANKS: usize = 4096;
 
 #[derive(Clone, Debug)]
 pub struct NodeOptions {
@@ -33,30 +50,181 @@ pub struct NodeOptions {
     pub spin: Option<Duration>,
 }
 
+/// An authenticated coordinator's control link and the liveness its heartbeats feed.
+struct Accepted {
+    link: ControlLink<ToNode, FromNode>,
+    liveness: Arc<Liveness>,
+    from: String,
+}
+
+/// One session at a time: `busy` while a coordinator is being served.
+#[derive(Default)]
+struct Gate {
+    busy: Mutex<bool>,
+    freed: Condvar,
+}
+
+impl Gate {
+    /// Takes the session, waiting up to `wait` for the current one to end.
+    fn acquire(&self, wait: Duration) -> bool {
+        let Ok(g) = self.busy.lock() else {
+            return false;
+        };
+        let Ok((mut g, _)) = self.freed.wait_timeout_while(g, wait, |busy| *busy) else {
+            return false;
+        };
+        if *g {
+            return false;
+        }
+        *g = true;
+        true
+    }
+
+    fn release(&self) {
+        if let Ok(mut g) = self.busy.lock() {
+            *g = false;
+        }
+        self.freed.notify_one();
+    }
+}
+
 /// Serves coordinators on `listener` forever (until the process is killed).
 pub fn serve(listener: TcpListener, opts: NodeOptions) -> ! {
+    let ip = listener
+        .local_addr()
+        .map(|a| a.ip())
+        .unwrap_or(IpAddr::from([127, 0, 0, 1]));
+    let (tx, rx) = mpsc::channel::<Accepted>();
+    let gate = Arc::new(Gate::default());
+    {
+        let (secret, gate) = (opts.secret.clone(), gate.clone());
+        if let Err(e) = std::thread::Builder::new()
+            .name("weft-accept".into())
+            .spawn(move || accept_loop(listener, secret, tx, gate))
+        {
+            tracing::error!("cannot start the accept thread: {e}");
+            std::process::exit(1);
+        }
+    }
     let mut cache: Option<Loaded> = None;
     loop {
-        let (mut stream, from) = match listener.accept() {
-            Ok(x) => x,
+        let Ok(acc) = rx.recv() else {
+            tracing::error!("the accept thread has stopped");
+            std::process::exit(1);
+        };
+        tracing::info!("coordinator {} connected", acc.from);
+        match session(&acc, &opts, ip, &mut cache) {
+            Ok(()) => tracing::info!("coordinator {} finished", acc.from),
+            Err(e) => {
+                tracing::warn!("request from {} failed: {e}", acc.from);
+                let _ = acc.link.send(&FromNode::Failed { error: e });
+            }
+        }
+        drop(acc);
+        gate.release();
+    }
+}
+
+/// Accepts connections and runs each handshake on its own thread with a short deadline,
+/// so that silent or slow connections cannot delay a real coordinator; authenticated
+/// coordinators wait for the session in turn.
+fn accept_loop(
+    listener: TcpListener,
+    secret: Vec<u8>,
+    tx: mpsc::Sender<Accepted>,
+    gate: Arc<Gate>,
+) {
+    let pending: Arc<Mutex<VecDeque<(u64, TcpStream)>>> = Arc::default();
+    let next_id = AtomicU64::new(0);
+    for conn in listener.incoming() {
+        let mut stream = match conn {
+            Ok(s) => s,
             Err(e) => {
                 tracing::warn!("accept failed: {e}");
                 std::thread::sleep(Duration::from_millis(50));
                 continue;
             }
         };
-        if let Err(e) = control::accept(&mut stream, &opts.secret, Duration::from_secs(5)) {
-            tracing::warn!("refused coordinator {from}: {e}");
-            continue;
-        }
-        tracing::info!("coordinator {from} connected");
-        match session(&mut stream, &opts, &listener, &mut cache) {
-            Ok(()) => tracing::info!("coordinator {from} finished"),
-            Err(e) => {
-                tracing::warn!("request from {from} failed: {e}");
-                let _ = control::send(&mut stream, &FromNode::Failed { error: e });
+        let from = stream
+            .peer_addr()
+            .map(|a| a.to_string())
+            .unwrap_or_else(|_| "(unknown)".into());
+        let id = next_id.fetch_add(1, Ordering::Relaxed);
+        if let (Ok(mut p), Ok(dup)) = (pending.lock(), stream.try_clone()) {
+            if p.len() >= MAX_PENDING {
+                if let Some((_, oldest)) = p.pop_front() {
+                    tracing::debug!("too many pending handshakes: closing the oldest");
+                    let _ = oldest.shutdown(Shutdown::Both);
+                }
             }
+            p.push_back((id, dup));
         }
+        let (secret, tx, gate, pending) =
+            (secret.clone(), tx.clone(), gate.clone(), pending.clone());
+        let spawned = std::thread::Builder::new()
+            .name("weft-handshake".into())
+            .spawn(move || {
+                let proved = control::accept(&mut stream, &secret, HANDSHAKE_TIMEOUT);
+                if let Ok(mut p) = pending.lock() {
+                    p.retain(|(i, _)| *i != id);
+                }
+                if let Err(e) = proved {
+                    if e.contains("secret") {
+                        tracing::warn!("refused coordinator {from}: {e}");
+                    } else {
+                        tracing::debug!("dropped connection from {from}: {e}");
+                    }
+                    return;
+                }
+                let liveness = Arc::new(Liveness::new(MAX_RANKS, Some(0)));
+                let link = match ControlLink::start(stream, &from, node_hooks(&liveness)) {
+                    Ok(l) => l,
+                    Err(e) => {
+                        tracing::warn!("coordinator {from}: {e}");
+                        return;
+                    }
+                };
+                if !gate.acquire(BUSY_WAIT) {
+                    let _ = link.send(&FromNode::Failed {
+                        error: format!(
+                            "busy: serving another coordinator for over {} s",
+                            BUSY_WAIT.as_secs()
+                        ),
+                    });
+                    return;
+                }
+                if let Err(mpsc::SendError(acc)) = tx.send(Accepted {
+                    link,
+                    liveness,
+                    from,
+                }) {
+                    drop(acc);
+                    gate.release();
+                }
+            });
+        if let Err(e) = spawned {
+            tracing::warn!("cannot start a handshake thread: {e}");
+        }
+    }
+}
+
+/// The coordinator's beats carry every rank's silence: rank 0 (it) is heard now, the
+/// others as it last heard them, and a closed control connection means rank 0 is lost.
+fn node_hooks(liveness: &Arc<Liveness>) -> Hooks {
+    let (on_beat, on_end) = (liveness.clone(), liveness.clone());
+    Hooks {
+        on_beat: Box::new(move |ages| {
+            on_beat.heard(0);
+            for (r, &a) in ages.iter().enumerate().skip(1) {
+                if a == u32::MAX {
+                    on_beat.mark_dead(r);
+                } else {
+                    on_beat.heard_ago(r, Duration::from_millis(a as u64));
+                }
+            }
+        }),
+        on_end: Box::new(move || on_end.mark_dead(0)),
+        ages: Box::new(Vec::new),
     }
 }
 
@@ -70,15 +238,23 @@ struct Loaded {
 }
 
 fn session(
-    ctl: &mut TcpStream,
+    acc: &Accepted,
     opts: &NodeOptions,
-    listener: &TcpListener,
+    ip: IpAddr,
     cache: &mut Option<Loaded>,
 ) -> Result<(), String> {
-    let plan = match control::recv::<ToNode>(ctl, Duration::from_secs(30))? {
+    let ctl = &acc.link;
+    let plan = match ctl.recv(CONTROL_SILENCE)? {
         ToNode::Plan(p) => *p,
         other => return Err(format!("expected a plan, got {other:?}")),
     };
+    if plan.group_size < 2 || plan.group_size > MAX_RANKS || plan.rank >= plan.group_size {
+        return Err(format!(
+            "the plan puts rank {} in a group of {} (2..={MAX_RANKS})",
+            plan.rank, plan.group_size
+        ));
+    }
+    acc.liveness.limit_to(plan.group_size);
     let path = opts
         .model
         .clone()
@@ -108,18 +284,14 @@ fn session(
     }
     let loaded = cache.as_mut().ok_or("no shard loaded")?;
     // A fresh data listener on the control address's IP: the group's mesh forms on it.
-    let ip = listener.local_addr().map_err(|e| e.to_string())?.ip();
     let data = weft_comm::bind(&format!("{ip}:0")).map_err(|e| e.to_string())?;
     let data_addr = data.local_addr().map_err(|e| e.to_string())?.to_string();
-    control::send(
-        ctl,
-        &FromNode::Ready {
-            data_addr,
-            shard_bytes: loaded.model.weight_bytes_per_token() as u64,
-            rss_bytes: crate::procinfo::peak_rss_bytes().unwrap_or(0),
-        },
-    )?;
-    let addrs = match control::recv::<ToNode>(ctl, Duration::from_secs(30))? {
+    ctl.send(&FromNode::Ready {
+        data_addr,
+        shard_bytes: loaded.model.weight_bytes_per_token() as u64,
+        rss_bytes: crate::procinfo::peak_rss_bytes().unwrap_or(0),
+    })?;
+    let addrs = match ctl.recv(CONTROL_SILENCE)? {
         ToNode::Go { addrs } => addrs,
         other => return Err(format!("expected go, got {other:?}")),
     };
@@ -130,6 +302,7 @@ fn session(
         plan.timeout_ms,
         opts.secret.clone(),
     )?;
+    gopts.liveness = Some(acc.liveness.clone());
     if let Some(spin) = opts.spin {
         gopts.spin = spin;
     }
@@ -149,7 +322,7 @@ pub(crate) fn group_options(
     Ok(GroupOptions {
         secret,
         transport: transport.parse::<TransportKind>()?,
-        timeout: Duration::from_millis(timeout_ms),
+        timeout: Duration::from_millis(timeout_ms.max(1)),
         connect_timeout: Duration::from_secs(20),
         delay: Duration::from_nanos((link_delay_us * 1e3) as u64),
         max_frame: 1 << 20,

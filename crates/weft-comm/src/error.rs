@@ -50,6 +50,9 @@ pub enum Fault {
     Closed,
     #[error("no data within the {0:?} timeout")]
     TimedOut(Duration),
+    /// The group's heartbeats say a rank (maybe not the one waited on) fell silent.
+    #[error("rank {rank} has sent no heartbeat for {:.1} s (its process died, stalled or was cut off)", silent.as_secs_f64().min(1e9))]
+    Silent { rank: usize, silent: Duration },
     #[error("malformed frame: {0}")]
     Malformed(String),
     #[error("{0}")]

@@ -6,12 +6,14 @@ use std::collections::BTreeMap;
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::error::{CommError, Fault};
 use crate::frame::{monotonic_ns, Header, HEADER_LEN, KIND_ABORT};
 use crate::handshake::{handshake, Hello};
-use crate::link::Link;
+use crate::link::{Deadline, Link};
+use crate::liveness::Liveness;
 use crate::ring::RingLink;
 use crate::tcp::TcpLink;
 
@@ -41,8 +43,14 @@ impl std::str::FromStr for TransportKind {
 pub struct GroupOptions {
     pub secret: Vec<u8>,
     pub transport: TransportKind,
-    /// The deadline of every wait on a peer.
+    /// The deadline of every wait on a peer (with `liveness`: of every silence).
     pub timeout: Duration,
+    /// Heartbeat-fed liveness of the group's ranks: with it, a wait past `timeout` goes
+    /// on while every rank is heard from (a peer computing a long prefill is not lost),
+    /// up to `max_wait`, and gives up naming a rank silent for `timeout`.
+    pub liveness: Option<Arc<Liveness>>,
+    /// The longest any single wait may last while every rank is alive.
+    pub max_wait: Duration,
     /// How long building the mesh may take (peers start at different times).
     pub connect_timeout: Duration,
     /// The most a waiting receiver busy-polls before it blocks.
@@ -65,6 +73,8 @@ impl Default for GroupOptions {
             secret: Vec::new(),
             transport: TransportKind::Auto,
             timeout: Duration::from_secs(10),
+            liveness: None,
+            max_wait: Duration::from_secs(3600),
             connect_timeout: Duration::from_secs(30),
             spin: Duration::from_micros(200),
             delay: Duration::ZERO,
@@ -190,7 +200,7 @@ impl Group {
         let mut groups: Vec<Group> = (0..n).map(|r| Group::empty(r, n, opts.clone())).collect();
         for i in 0..n {
             for j in i + 1..n {
-                let (a, b) = RingLink::pair(opts.spin, opts.timeout).map_err(CommError::Config)?;
+                let (a, b) = RingLink::pair(opts.spin).map_err(CommError::Config)?;
                 groups[i].peers[j] =
                     Some(groups[i].peer(j, format!("in-process rank {j}"), Box::new(a), true));
                 groups[j].peers[i] =
@@ -323,7 +333,7 @@ impl Group {
         };
         if !use_shm {
             stream.write_all(b"T").map_err(io)?;
-            let link = TcpLink::new(stream, self.opts.spin, self.opts.timeout).map_err(io)?;
+            let link = TcpLink::new(stream, self.opts.spin).map_err(io)?;
             return Ok(Box::new(link));
         }
         let dir = shm_dir();
@@ -337,7 +347,7 @@ impl Group {
         let tx = dir.join(format!("{stem}.a"));
         let rx = dir.join(format!("{stem}.b"));
         let watch = stream.try_clone().map_err(io)?;
-        let link = RingLink::create_files(&tx, &rx, watch, self.opts.spin, self.opts.timeout);
+        let link = RingLink::create_files(&tx, &rx, watch, self.opts.spin);
         let link = match link {
             Ok(l) => l,
             Err(e) => {
@@ -397,10 +407,7 @@ impl Group {
         let link: Box<dyn Link> = match kind[0] {
             b'T' => {
                 stream.set_read_timeout(None).map_err(|e| e.to_string())?;
-                Box::new(
-                    TcpLink::new(stream, self.opts.spin, self.opts.timeout)
-                        .map_err(|e| e.to_string())?,
-                )
+                Box::new(TcpLink::new(stream, self.opts.spin).map_err(|e| e.to_string())?)
             }
             b'S' => {
                 let mut paths = Vec::new();
@@ -418,13 +425,7 @@ impl Group {
                 stream.set_read_timeout(None).map_err(|e| e.to_string())?;
                 let watch = stream.try_clone().map_err(|e| e.to_string())?;
                 // The dialler's tx ring is our rx ring.
-                match RingLink::open_files(
-                    &paths[1],
-                    &paths[0],
-                    watch,
-                    self.opts.spin,
-                    self.opts.timeout,
-                ) {
+                match RingLink::open_files(&paths[1], &paths[0], watch, self.opts.spin) {
                     Ok(l) => {
                         stream.write_all(b"Y").map_err(|e| e.to_string())?;
                         // `watch` (a dup of this socket) keeps the connection open: it is
@@ -484,7 +485,7 @@ impl Group {
         let mut payload = (lost as u32).to_le_bytes().to_vec();
         payload.extend_from_slice(reason.as_bytes());
         payload.truncate(1024);
-        let deadline = Instant::now() + Duration::from_millis(200);
+        let deadline = Deadline::after(Duration::from_millis(200));
         for p in self.peers.iter_mut().flatten() {
             if p.rank == lost {
                 continue;
@@ -495,8 +496,8 @@ impl Group {
                 len: payload.len() as u32,
                 sent_ns: monotonic_ns(),
             };
-            let _ = p.link.write_all(&h.encode(), deadline);
-            let _ = p.link.write_all(&payload, deadline);
+            let _ = p.link.write_all(&h.encode(), &mut deadline.clone());
+            let _ = p.link.write_all(&payload, &mut deadline.clone());
         }
         // A dead link is dropped so that its socket or rings are released now.
         if !matches!(err, CommError::Aborted { .. }) {
@@ -514,8 +515,18 @@ impl Group {
     }
 
     /// Sends one frame of `payload` to `to`.
+    /// A deadline for one wait of this rank, following the heartbeats when there are any.
+    fn deadline(&self, timeout: Duration) -> Deadline {
+        Deadline::patient(
+            timeout,
+            self.opts.liveness.as_ref(),
+            self.rank,
+            self.opts.max_wait,
+        )
+    }
+
     pub(crate) fn send_frame(&mut self, to: usize, payload: &[u8]) -> Result<(), CommError> {
-        let deadline = Instant::now() + self.opts.timeout;
+        let mut deadline = self.deadline(self.opts.timeout);
         let mut buf = std::mem::take(&mut self.send_buf);
         let r = (|| {
             let p = self.live(to).map_err(|_| (to, Fault::Closed))?;
@@ -525,7 +536,7 @@ impl Group {
             buf.extend_from_slice(&h.encode());
             buf.extend_from_slice(payload);
             p.sent = p.sent.wrapping_add(1);
-            p.link.write_all(&buf, deadline).map_err(|f| (to, f))
+            p.link.write_all(&buf, &mut deadline).map_err(|f| (to, f))
         })();
         self.send_buf = buf;
         match r {
@@ -547,21 +558,26 @@ impl Group {
         buf: &mut [u8],
         timeout: Duration,
     ) -> Result<(), CommError> {
-        let deadline = Instant::now() + timeout;
+        // An idle wait (longer than the group's timeout) has no patience to add.
+        let mut deadline = if timeout > self.opts.timeout {
+            Deadline::after(timeout)
+        } else {
+            self.deadline(timeout)
+        };
         let max = self.opts.max_frame;
         let me = self.rank;
         let r: Result<Option<(usize, String)>, (usize, Fault)> = (|| {
             let p = self.live(from).map_err(|_| (from, Fault::Closed))?;
             let mut hb = [0u8; HEADER_LEN];
             p.link
-                .read_exact(&mut hb, deadline)
+                .read_exact(&mut hb, &mut deadline)
                 .map_err(|f| (from, f))?;
             let h = Header::decode(&hb, max).map_err(|f| (from, f))?;
             let arrived = monotonic_ns();
             if h.kind == KIND_ABORT {
                 let mut body = vec![0u8; h.len as usize];
                 p.link
-                    .read_exact(&mut body, deadline)
+                    .read_exact(&mut body, &mut deadline)
                     .map_err(|f| (from, f))?;
                 if body.len() < 4 {
                     return Err((from, Fault::Malformed("short abort frame".into())));
@@ -592,7 +608,9 @@ impl Group {
                     )),
                 ));
             }
-            p.link.read_exact(buf, deadline).map_err(|f| (from, f))?;
+            p.link
+                .read_exact(buf, &mut deadline)
+                .map_err(|f| (from, f))?;
             p.received = p.received.wrapping_add(1);
             if p.delay_ns > 0 {
                 let start = if p.same_clock { h.sent_ns } else { arrived };
@@ -624,6 +642,13 @@ impl Group {
     }
 
     fn fail_with(&mut self, (rank, fault): (usize, Fault)) -> CommError {
+        // A silent rank is the one to blame, whichever peer this rank was waiting on.
+        let rank = match fault {
+            Fault::Silent { rank: silent, .. } if silent < self.size && silent != self.rank => {
+                silent
+            }
+            _ => rank,
+        };
         let e = self.fault(rank, fault);
         self.fail(e)
     }

@@ -2,15 +2,17 @@
 //! collectives sit above it. Also the adaptive spin-then-block policy the links share.
 
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::error::Fault;
+use crate::liveness::Liveness;
 
 pub trait Link: Send {
-    /// Writes all of `bytes`, waiting for room no later than `deadline`.
-    fn write_all(&mut self, bytes: &[u8], deadline: Instant) -> Result<(), Fault>;
-    /// Fills `buf`, waiting for data no later than `deadline`.
-    fn read_exact(&mut self, buf: &mut [u8], deadline: Instant) -> Result<(), Fault>;
+    /// Writes all of `bytes`, waiting for room until `deadline` gives up.
+    fn write_all(&mut self, bytes: &[u8], deadline: &mut Deadline) -> Result<(), Fault>;
+    /// Fills `buf`, waiting for data until `deadline` gives up.
+    fn read_exact(&mut self, buf: &mut [u8], deadline: &mut Deadline) -> Result<(), Fault>;
     /// "tcp", "shm" or "in-process", for logs and reports.
     fn kind(&self) -> &'static str;
 }
@@ -69,13 +71,69 @@ pub fn pause(waited: Duration) {
     }
 }
 
-/// The time left before `deadline`, or a timeout fault of `timeout` when none is.
-pub fn left(deadline: Instant, timeout: Duration) -> Result<Duration, Fault> {
-    let now = Instant::now();
-    if now >= deadline {
-        Err(Fault::TimedOut(timeout))
-    } else {
-        Ok(deadline - now)
+/// When a wait on a peer gives up. Plain, it is an instant `timeout` after the wait began.
+/// With a liveness table, a wait that reaches that instant goes on in short slices while
+/// every rank of the group has been heard within `timeout` (a peer that is computing a long
+/// prefill is busy, not lost), up to `cap`; it gives up naming the first silent rank.
+#[derive(Clone, Debug)]
+pub struct Deadline {
+    at: Instant,
+    timeout: Duration,
+    patience: Option<Patience>,
+}
+
+#[derive(Clone, Debug)]
+struct Patience {
+    liveness: Arc<Liveness>,
+    me: usize,
+    cap: Instant,
+}
+
+impl Deadline {
+    /// A plain deadline `timeout` from now.
+    pub fn after(timeout: Duration) -> Self {
+        Deadline {
+            at: Instant::now() + timeout,
+            timeout,
+            patience: None,
+        }
+    }
+
+    /// A deadline that follows the group's heartbeats (see the type), for rank `me`.
+    pub fn patient(
+        timeout: Duration,
+        liveness: Option<&Arc<Liveness>>,
+        me: usize,
+        max_wait: Duration,
+    ) -> Self {
+        let now = Instant::now();
+        Deadline {
+            at: now + timeout,
+            timeout,
+            patience: liveness.map(|l| Patience {
+                liveness: l.clone(),
+                me,
+                cap: now + max_wait.max(timeout),
+            }),
+        }
+    }
+
+    /// The time left, or the fault to give up with: a silent rank, or the timeout.
+    pub fn left(&mut self) -> Result<Duration, Fault> {
+        let now = Instant::now();
+        if now < self.at {
+            return Ok(self.at - now);
+        }
+        if let Some(p) = &self.patience {
+            if let Some((rank, silent)) = p.liveness.lost(self.timeout, p.me) {
+                return Err(Fault::Silent { rank, silent });
+            }
+            if now < p.cap {
+                self.at = now + (self.timeout / 4).max(Duration::from_millis(1));
+                return Ok(self.at - now);
+            }
+        }
+        Err(Fault::TimedOut(self.timeout))
     }
 }
 

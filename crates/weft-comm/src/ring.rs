@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 use memmap2::MmapMut;
 
 use crate::error::Fault;
-use crate::link::{left, Link, SpinPolicy};
+use crate::link::{Deadline, Link, SpinPolicy};
 
 /// Bytes of ring data per direction.
 pub const RING_BYTES: usize = 4 << 20;
@@ -86,7 +86,6 @@ pub struct RingLink {
     /// The peer's TCP connection, kept open only so that its death is noticed.
     watch: Option<TcpStream>,
     spin: SpinPolicy,
-    timeout: Duration,
     kind: &'static str,
 }
 
@@ -96,7 +95,6 @@ impl RingLink {
         rx: Ring,
         watch: Option<TcpStream>,
         spin: Duration,
-        timeout: Duration,
         kind: &'static str,
     ) -> Self {
         RingLink {
@@ -104,13 +102,12 @@ impl RingLink {
             rx,
             watch,
             spin: SpinPolicy::new(spin),
-            timeout,
             kind,
         }
     }
 
     /// Two ends of an in-process link.
-    pub fn pair(spin: Duration, timeout: Duration) -> Result<(RingLink, RingLink), String> {
+    pub fn pair(spin: Duration) -> Result<(RingLink, RingLink), String> {
         let anon = || {
             MmapMut::map_anon(HEADER + RING_BYTES)
                 .map(Arc::new)
@@ -125,8 +122,8 @@ impl RingLink {
         let (a1, b1) = (ring(&a)?, ring(&b)?);
         let (a2, b2) = (Ring::new(a)?, Ring::new(b)?);
         Ok((
-            RingLink::new(a1, b1, None, spin, timeout, "in-process"),
-            RingLink::new(b2, a2, None, spin, timeout, "in-process"),
+            RingLink::new(a1, b1, None, spin, "in-process"),
+            RingLink::new(b2, a2, None, spin, "in-process"),
         ))
     }
 
@@ -138,10 +135,9 @@ impl RingLink {
         rx_path: &Path,
         watch: TcpStream,
         spin: Duration,
-        timeout: Duration,
     ) -> Result<RingLink, String> {
         let (tx, rx) = (map_ring_file(tx_path, true)?, map_ring_file(rx_path, true)?);
-        Ok(RingLink::new(tx, rx, Some(watch), spin, timeout, "shm"))
+        Ok(RingLink::new(tx, rx, Some(watch), spin, "shm"))
     }
 
     /// Maps ring files the peer created.
@@ -150,13 +146,12 @@ impl RingLink {
         rx_path: &Path,
         watch: TcpStream,
         spin: Duration,
-        timeout: Duration,
     ) -> Result<RingLink, String> {
         let (tx, rx) = (
             map_ring_file(tx_path, false)?,
             map_ring_file(rx_path, false)?,
         );
-        Ok(RingLink::new(tx, rx, Some(watch), spin, timeout, "shm"))
+        Ok(RingLink::new(tx, rx, Some(watch), spin, "shm"))
     }
 
     /// Whether the peer has gone: it closed a ring, or its process (and so its socket) died.
@@ -191,7 +186,11 @@ impl RingLink {
     }
 
     /// Waits until `ready()` holds, spinning for the budget and then napping.
-    fn wait(&mut self, deadline: Instant, ready: &dyn Fn(&Self) -> bool) -> Result<(), Fault> {
+    fn wait(
+        &mut self,
+        deadline: &mut Deadline,
+        ready: &dyn Fn(&Self) -> bool,
+    ) -> Result<(), Fault> {
         let start = Instant::now();
         let mut last_check = start;
         let mut spun_out = false;
@@ -206,7 +205,7 @@ impl RingLink {
                 if self.peer_gone() {
                     return Err(Fault::Closed);
                 }
-                left(deadline, self.timeout)?;
+                deadline.left()?;
             }
             let waited = now.duration_since(start);
             if waited < self.spin.budget() {
@@ -227,7 +226,7 @@ impl Drop for RingLink {
 }
 
 impl Link for RingLink {
-    fn write_all(&mut self, mut bytes: &[u8], deadline: Instant) -> Result<(), Fault> {
+    fn write_all(&mut self, mut bytes: &[u8], deadline: &mut Deadline) -> Result<(), Fault> {
         let cap = self.tx.cap as u64;
         while !bytes.is_empty() {
             self.wait(deadline, &|s| {
@@ -244,7 +243,7 @@ impl Link for RingLink {
         Ok(())
     }
 
-    fn read_exact(&mut self, buf: &mut [u8], deadline: Instant) -> Result<(), Fault> {
+    fn read_exact(&mut self, buf: &mut [u8], deadline: &mut Deadline) -> Result<(), Fault> {
         let mut got = 0;
         while got < buf.len() {
             self.wait(deadline, &|s| {
@@ -323,22 +322,22 @@ mod tests {
 
     #[test]
     fn bytes_cross_in_order_through_wraparound() {
-        let (mut a, mut b) =
-            RingLink::pair(Duration::from_micros(50), Duration::from_secs(5)).unwrap();
-        let deadline = Instant::now() + Duration::from_secs(5);
+        let (mut a, mut b) = RingLink::pair(Duration::from_micros(50)).unwrap();
+        let deadline = Deadline::after(Duration::from_secs(5));
         let msg: Vec<u8> = (0..RING_BYTES * 3 + 17).map(|i| (i % 251) as u8).collect();
         let m2 = msg.clone();
+        let mut writer_deadline = deadline.clone();
         let t = std::thread::spawn(move || {
-            a.write_all(&m2, deadline).unwrap();
+            a.write_all(&m2, &mut writer_deadline).unwrap();
             a
         });
         let mut got = vec![0u8; msg.len()];
-        b.read_exact(&mut got, deadline).unwrap();
+        b.read_exact(&mut got, &mut deadline.clone()).unwrap();
         assert!(got == msg);
         drop(t.join().unwrap());
         let mut one = [0u8; 1];
         assert!(matches!(
-            b.read_exact(&mut one, deadline),
+            b.read_exact(&mut one, &mut deadline.clone()),
             Err(Fault::Closed)
         ));
     }

@@ -7,7 +7,7 @@ use std::os::fd::AsRawFd;
 use std::time::{Duration, Instant};
 
 use crate::error::Fault;
-use crate::link::{Link, SpinPolicy};
+use crate::link::{Deadline, Link, SpinPolicy};
 
 /// Socket buffers large enough that one collective segment never blocks a writer.
 const SOCKET_BUFFER: usize = 4 << 20;
@@ -15,11 +15,10 @@ const SOCKET_BUFFER: usize = 4 << 20;
 pub struct TcpLink {
     stream: TcpStream,
     spin: SpinPolicy,
-    timeout: Duration,
 }
 
 impl TcpLink {
-    pub fn new(stream: TcpStream, spin: Duration, timeout: Duration) -> std::io::Result<Self> {
+    pub fn new(stream: TcpStream, spin: Duration) -> std::io::Result<Self> {
         stream.set_nodelay(true)?;
         let s = socket2::SockRef::from(&stream);
         // Best effort: the kernel may cap these, which only costs speed.
@@ -29,13 +28,12 @@ impl TcpLink {
         Ok(TcpLink {
             stream,
             spin: SpinPolicy::new(spin),
-            timeout,
         })
     }
 
     /// Blocks in poll(2) until the socket is ready for `events`, or the deadline.
-    fn poll(&self, events: libc::c_short, deadline: Instant) -> Result<(), Fault> {
-        let left = crate::link::left(deadline, self.timeout)?;
+    fn poll(&self, events: libc::c_short, deadline: &mut Deadline) -> Result<(), Fault> {
+        let left = deadline.left()?;
         let mut pfd = libc::pollfd {
             fd: self.stream.as_raw_fd(),
             events,
@@ -55,7 +53,7 @@ impl TcpLink {
 }
 
 impl Link for TcpLink {
-    fn write_all(&mut self, mut bytes: &[u8], deadline: Instant) -> Result<(), Fault> {
+    fn write_all(&mut self, mut bytes: &[u8], deadline: &mut Deadline) -> Result<(), Fault> {
         while !bytes.is_empty() {
             match self.stream.write(bytes) {
                 Ok(0) => return Err(Fault::Closed),
@@ -71,7 +69,7 @@ impl Link for TcpLink {
         Ok(())
     }
 
-    fn read_exact(&mut self, buf: &mut [u8], deadline: Instant) -> Result<(), Fault> {
+    fn read_exact(&mut self, buf: &mut [u8], deadline: &mut Deadline) -> Result<(), Fault> {
         let mut got = 0;
         let mut spin_from: Option<Instant> = None;
         let mut blocked = false;

@@ -9,6 +9,17 @@ use std::time::Duration;
 
 use serde_json::Value;
 
+mod rank_script;
+
+/// The child side: this same test binary, started with the rank's arguments in the
+/// environment, runs the rank and exits; in the parent this test does nothing.
+#[test]
+fn rank_child() {
+    if let Ok(raw) = std::env::var(rank_script::RANK_ARGS_ENV) {
+        rank_script::main_from_env(&raw);
+    }
+}
+
 fn free_addrs(n: usize) -> Vec<String> {
     let ls: Vec<TcpListener> = (0..n)
         .map(|_| TcpListener::bind("127.0.0.1:0").unwrap())
@@ -19,12 +30,22 @@ fn free_addrs(n: usize) -> Vec<String> {
 }
 
 fn spawn(rank: usize, addrs: &[String], extra: &[&str]) -> Child {
-    Command::new(env!("CARGO_BIN_EXE_weft-comm-rank"))
-        .arg("--rank")
-        .arg(rank.to_string())
-        .arg("--addrs")
-        .arg(addrs.join(","))
-        .args(extra)
+    let mut args = vec![
+        "--rank".to_string(),
+        rank.to_string(),
+        "--addrs".into(),
+        addrs.join(","),
+    ];
+    args.extend(extra.iter().map(|s| s.to_string()));
+    Command::new(std::env::current_exe().unwrap())
+        .args([
+            "--exact",
+            "rank_child",
+            "--nocapture",
+            "--test-threads",
+            "1",
+        ])
+        .env(rank_script::RANK_ARGS_ENV, args.join("\u{1f}"))
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
@@ -36,7 +57,10 @@ fn finish(c: Child) -> (Value, String, Option<i32>) {
     let out = c.wait_with_output().unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout);
     let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
-    let line = stdout.lines().last().unwrap_or("null");
+    let line = stdout
+        .lines()
+        .find_map(|l| l.split_once(rank_script::REPORT_PREFIX).map(|(_, r)| r))
+        .unwrap_or("null");
     let v: Value = serde_json::from_str(line).unwrap_or(Value::Null);
     (v, stderr, out.status.code())
 }

@@ -5,6 +5,11 @@
 //! which would cost several milliseconds a token. Workers here spin on an epoch counter
 //! for a couple of milliseconds after each job (so back-to-back dispatches start in
 //! well under a microsecond) and only then park.
+//!
+//! The caller waits for the job's *tasks*, not for every worker: a worker that was
+//! descheduled (more threads than cores, or a busy neighbour on its core) and has not
+//! claimed a task by the time the others finished is simply left out of that job. Every
+//! wait spins briefly, then yields its core, so a thread that is waited for can run.
 
 use std::cell::UnsafeCell;
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -15,23 +20,33 @@ use std::time::{Duration, Instant};
 
 /// How long an idle worker spins before parking.
 const SPIN_FOR: Duration = Duration::from_millis(3);
+/// The same when the pool has more threads than usable cores: spinning then only takes
+/// time from the threads doing the work.
+const SPIN_FOR_OVERSUBSCRIBED: Duration = Duration::from_micros(100);
+/// How long any wait spins before it starts yielding its core between checks.
+const PURE_SPIN: Duration = Duration::from_micros(20);
 
 type Job = dyn Fn(usize) + Sync;
 
 struct Shared {
     epoch: AtomicU64,
-    /// The current job; written by the caller before it bumps `epoch`, read by workers
-    /// after they observe the bump, and not touched again until all have finished.
+    /// The current job; written by the caller before it bumps `epoch`, read by a worker
+    /// only while it is checked in (`inside`) and the epoch is not closed.
     job: UnsafeCell<Option<*const Job>>,
     n_tasks: AtomicUsize,
     next_task: AtomicUsize,
-    finished_workers: AtomicUsize,
+    done_tasks: AtomicUsize,
+    /// Workers between check-in and check-out of the current epoch.
+    inside: AtomicUsize,
+    /// The last epoch whose tasks are all done: late workers must not touch its job.
+    closed: AtomicU64,
     panicked: AtomicBool,
     shutdown: AtomicBool,
+    oversubscribed: bool,
     sleeping: Vec<AtomicBool>,
 }
 
-// SAFETY: `job` is only accessed under the epoch protocol described on the field.
+// SAFETY: `job` is only accessed under the epoch protocol described on the fields.
 unsafe impl Sync for Shared {}
 unsafe impl Send for Shared {}
 
@@ -39,6 +54,51 @@ unsafe impl Send for Shared {}
 pub struct ThreadPool {
     shared: Arc<Shared>,
     workers: Vec<(JoinHandle<()>, Thread)>,
+}
+
+/// The cores this process may run on (its affinity mask; cgroup quotas included where
+/// the standard library sees them), at least 1.
+pub fn usable_cores() -> usize {
+    #[cfg(target_os = "linux")]
+    {
+        // SAFETY: a zeroed cpu_set_t is valid, and sched_getaffinity fills at most its size.
+        let n = unsafe {
+            let mut set: libc::cpu_set_t = std::mem::zeroed();
+            if libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) == 0 {
+                libc::CPU_COUNT(&set) as usize
+            } else {
+                0
+            }
+        };
+        let std_view = thread::available_parallelism()
+            .map(|n| n.get())
+            .unwrap_or(1);
+        if n > 0 {
+            return n.min(std_view).max(1);
+        }
+        std_view
+    }
+    #[cfg(not(target_os = "linux"))]
+    {
+        thread::available_parallelism()
+            .map(|n| n.get())
+            .unwrap_or(1)
+    }
+}
+
+/// Waits until `ready()`, spinning first and then yielding the core between checks.
+#[inline]
+fn wait_until(ready: impl Fn() -> bool) {
+    let start = Instant::now();
+    let mut spins = 0u32;
+    while !ready() {
+        spins = spins.wrapping_add(1);
+        if spins < 64 || start.elapsed() < PURE_SPIN {
+            std::hint::spin_loop();
+        } else {
+            thread::yield_now();
+        }
+    }
 }
 
 impl ThreadPool {
@@ -50,9 +110,12 @@ impl ThreadPool {
             job: UnsafeCell::new(None),
             n_tasks: AtomicUsize::new(0),
             next_task: AtomicUsize::new(0),
-            finished_workers: AtomicUsize::new(0),
+            done_tasks: AtomicUsize::new(0),
+            inside: AtomicUsize::new(0),
+            closed: AtomicU64::new(0),
             panicked: AtomicBool::new(false),
             shutdown: AtomicBool::new(false),
+            oversubscribed: n_threads > usable_cores(),
             sleeping: (0..n_workers).map(|_| AtomicBool::new(false)).collect(),
         });
         let workers = (0..n_workers)
@@ -73,6 +136,11 @@ impl ThreadPool {
         self.workers.len() + 1
     }
 
+    /// Whether this pool has more threads than the cores the process may use.
+    pub fn oversubscribed(&self) -> bool {
+        self.shared.oversubscribed
+    }
+
     /// Runs `f(0) .. f(n_tasks - 1)` across the pool and returns when all are done.
     /// Tasks are claimed dynamically, so uneven task costs balance out.
     pub fn run(&self, n_tasks: usize, f: &(dyn Fn(usize) + Sync)) {
@@ -86,24 +154,26 @@ impl ThreadPool {
             return;
         }
         let s = &*self.shared;
-        // SAFETY: erase the borrow's lifetime; we do not return until every worker has
-        // signalled it is done with this job, so the pointer never outlives `f`.
+        // SAFETY: erase the borrow's lifetime; we do not return until the epoch is closed
+        // and no worker is checked in, so the pointer never outlives `f`.
         let ptr: *const Job =
             unsafe { std::mem::transmute::<&(dyn Fn(usize) + Sync + '_), &'static Job>(f) };
         unsafe { *s.job.get() = Some(ptr) };
         s.n_tasks.store(n_tasks, Ordering::Relaxed);
         s.next_task.store(0, Ordering::Relaxed);
-        s.finished_workers.store(0, Ordering::Relaxed);
-        s.epoch.fetch_add(1, Ordering::SeqCst);
+        s.done_tasks.store(0, Ordering::Relaxed);
+        let epoch = s.epoch.fetch_add(1, Ordering::SeqCst) + 1;
         for (i, (_, t)) in self.workers.iter().enumerate() {
             if s.sleeping[i].load(Ordering::SeqCst) {
                 t.unpark();
             }
         }
         let mine = catch_unwind(AssertUnwindSafe(|| run_tasks(s, f)));
-        while s.finished_workers.load(Ordering::Acquire) < self.workers.len() {
-            std::hint::spin_loop();
-        }
+        wait_until(|| s.done_tasks.load(Ordering::Acquire) >= n_tasks);
+        // Close the epoch, then wait out the workers already checked in (they find no
+        // task left and leave at once); any later one sees the epoch closed.
+        s.closed.store(epoch, Ordering::SeqCst);
+        wait_until(|| s.inside.load(Ordering::SeqCst) == 0);
         unsafe { *s.job.get() = None };
         if let Err(p) = mine {
             std::panic::resume_unwind(p);
@@ -140,6 +210,8 @@ impl ThreadPool {
     }
 }
 
+/// Claims and runs tasks until none is left; a task that panics still counts as done
+/// (so the caller never waits for it) and is reported through `panicked`.
 fn run_tasks(s: &Shared, f: &(dyn Fn(usize) + Sync + '_)) {
     let n = s.n_tasks.load(Ordering::Relaxed);
     loop {
@@ -147,15 +219,22 @@ fn run_tasks(s: &Shared, f: &(dyn Fn(usize) + Sync + '_)) {
         if t >= n {
             break;
         }
-        f(t);
+        if catch_unwind(AssertUnwindSafe(|| f(t))).is_err() {
+            s.panicked.store(true, Ordering::SeqCst);
+        }
+        s.done_tasks.fetch_add(1, Ordering::Release);
     }
 }
 
 fn worker_loop(s: &Shared, index: usize) {
+    let spin_for = if s.oversubscribed {
+        SPIN_FOR_OVERSUBSCRIBED
+    } else {
+        SPIN_FOR
+    };
     let mut seen = 0u64;
     loop {
         let mut spin_start = Instant::now();
-        let mut spins = 0u32;
         loop {
             let e = s.epoch.load(Ordering::Acquire);
             if e != seen {
@@ -165,9 +244,13 @@ fn worker_loop(s: &Shared, index: usize) {
             if s.shutdown.load(Ordering::Acquire) {
                 return;
             }
-            spins = spins.wrapping_add(1);
-            if !spins.is_multiple_of(1024) || spin_start.elapsed() < SPIN_FOR {
-                std::hint::spin_loop();
+            let waited = spin_start.elapsed();
+            if waited < spin_for {
+                if s.oversubscribed && waited > PURE_SPIN {
+                    thread::yield_now();
+                } else {
+                    std::hint::spin_loop();
+                }
                 continue;
             }
             s.sleeping[index].store(true, Ordering::SeqCst);
@@ -177,14 +260,17 @@ fn worker_loop(s: &Shared, index: usize) {
             s.sleeping[index].store(false, Ordering::SeqCst);
             spin_start = Instant::now();
         }
-        // SAFETY: the caller stored the job before bumping the epoch we just observed.
-        if let Some(job) = unsafe { *s.job.get() } {
-            let job = unsafe { &*job };
-            if catch_unwind(AssertUnwindSafe(|| run_tasks(s, job))).is_err() {
-                s.panicked.store(true, Ordering::SeqCst);
+        // Check in, then make sure the epoch we saw is still the live one: a worker that
+        // was descheduled may wake after its job was closed (or replaced).
+        s.inside.fetch_add(1, Ordering::SeqCst);
+        if s.epoch.load(Ordering::SeqCst) == seen && s.closed.load(Ordering::SeqCst) != seen {
+            // SAFETY: the caller stored the job before bumping the epoch we observed and
+            // clears it only after closing the epoch and seeing no worker inside.
+            if let Some(job) = unsafe { *s.job.get() } {
+                run_tasks(s, unsafe { &*job });
             }
         }
-        s.finished_workers.fetch_add(1, Ordering::Release);
+        s.inside.fetch_sub(1, Ordering::SeqCst);
     }
 }
 
@@ -243,6 +329,29 @@ mod tests {
             c.fetch_add(1, Ordering::Relaxed);
         });
         assert_eq!(c.load(Ordering::Relaxed), 8);
+    }
+
+    #[test]
+    fn more_threads_than_cores_still_runs_every_task() {
+        let threads = usable_cores() * 3 + 1;
+        let pool = ThreadPool::new(threads);
+        assert!(pool.oversubscribed());
+        for round in 0..200 {
+            let n = 1 + round % 37;
+            let hits: Vec<AtomicU64> = (0..n).map(|_| AtomicU64::new(0)).collect();
+            pool.run(n, &|t| {
+                hits[t].fetch_add(1, Ordering::Relaxed);
+            });
+            assert!(
+                hits.iter().all(|h| h.load(Ordering::Relaxed) == 1),
+                "round {round}"
+            );
+        }
+    }
+
+    #[test]
+    fn usable_cores_is_at_least_one() {
+        assert!(usable_cores() >= 1);
     }
 
     #[test]

@@ -10,7 +10,7 @@ use serde_json::json;
 use weft_kernels::ThreadPool;
 
 use crate::paths::resolve_model;
-use crate::progress::{default_threads, load_engine};
+use crate::progress::{load_engine, resolve_threads};
 
 #[derive(Args, Debug)]
 #[command(args_conflicts_with_subcommands = true)]
@@ -70,7 +70,7 @@ pub fn run(a: BenchArgs) -> Result<()> {
         return crate::bench_cluster::run(&a);
     }
     let path = resolve_model(a.model.clone())?;
-    let threads = a.threads.unwrap_or_else(default_threads).max(1);
+    let threads = resolve_threads(a.threads)?;
     let n_ctx = (a.prefill + a.decode + 8).max(64);
     let (mut engine, load_s) = load_engine(&path, threads, n_ctx)?;
     let n_vocab = engine.model.cfg.n_vocab as u32;

@@ -9,7 +9,7 @@ use serde_json::json;
 use weft_model::{GenerateRequest, SamplingParams};
 
 use crate::paths::resolve_model;
-use crate::progress::{default_threads, load_engine};
+use crate::progress::{load_engine, resolve_threads};
 
 #[derive(Args, Debug)]
 pub struct RunArgs {
@@ -55,7 +55,7 @@ pub struct RunArgs {
 
 pub fn run(a: RunArgs) -> Result<()> {
     let path = resolve_model(a.model.clone())?;
-    let threads = a.threads.unwrap_or_else(default_threads).max(1);
+    let threads = resolve_threads(a.threads)?;
     if a.layout.is_cluster() {
         return run_cluster(&a, &path);
     }

@@ -7,7 +7,7 @@ use clap::Args;
 use serde_json::json;
 
 use crate::paths::resolve_model;
-use crate::progress::{default_threads, load_engine};
+use crate::progress::{load_engine, resolve_threads};
 
 #[derive(Args, Debug)]
 pub struct PerplexityArgs {
@@ -29,7 +29,7 @@ pub fn run(a: PerplexityArgs) -> Result<()> {
     let text = std::fs::read_to_string(&a.file)
         .with_context(|| format!("reading {}", a.file.display()))?;
     let path = resolve_model(a.model.clone())?;
-    let threads = a.threads.unwrap_or_else(default_threads).max(1);
+    let threads = resolve_threads(a.threads)?;
     let (mut engine, _) = load_engine(&path, threads, a.ctx)?;
     let tokens = engine.tokenizer.encode(&text, true, false);
     let t0 = std::time::Instant::now();

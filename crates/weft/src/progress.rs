@@ -7,11 +7,36 @@ use anyhow::{Context, Result};
 use indicatif::{ProgressBar, ProgressStyle};
 use weft_model::Engine;
 
-/// Default number of threads: the machine's cores.
+/// Default number of threads: the cores this process may use (its affinity mask).
 pub fn default_threads() -> usize {
-    std::thread::available_parallelism()
-        .map(|n| n.get())
-        .unwrap_or(1)
+    weft_kernels::pool::usable_cores()
+}
+
+/// More threads than this many times the usable cores is surely a mistake.
+const MAX_THREADS_PER_CORE: usize = 8;
+
+/// The thread count to run with: `asked`, or the usable cores. Above the cores it warns
+/// (every extra thread waits for a core, and the pool yields while it waits); far above
+/// them it refuses, naming both numbers.
+pub fn resolve_threads(asked: Option<usize>) -> Result<usize> {
+    let cores = default_threads();
+    let Some(n) = asked else {
+        return Ok(cores);
+    };
+    if n == 0 {
+        anyhow::bail!("--threads must be at least 1");
+    }
+    if n > cores * MAX_THREADS_PER_CORE {
+        anyhow::bail!(
+            "--threads {n} is more than {MAX_THREADS_PER_CORE} times the {cores} cores this process may use"
+        );
+    }
+    if n > cores {
+        eprintln!(
+            "warning: --threads {n} is more than the {cores} cores this process may use: threads will wait for cores and decoding will be slower than with --threads {cores}"
+        );
+    }
+    Ok(n)
 }
 
 /// Loads `path` for `n_ctx` tokens; returns the engine and the seconds it took.

@@ -14,7 +14,7 @@ use weft_server::{AppState, ChatTemplate, ClusterView, EngineHandle};
 use weft_tokenizer::Tokenizer;
 
 use crate::paths::resolve_model;
-use crate::progress::{default_threads, load_engine};
+use crate::progress::{load_engine, resolve_threads};
 
 #[derive(Args, Debug)]
 pub struct ServeArgs {
@@ -124,7 +124,7 @@ pub fn run(a: ServeArgs) -> Result<()> {
         if a.layout.is_cluster() {
             crate::serve_cluster::start(&a, &path, opts)?
         } else {
-            let threads = a.threads.unwrap_or_else(default_threads).max(1);
+            let threads = resolve_threads(a.threads)?;
             let (engine, _) = load_engine(&path, threads, a.ctx)?;
             let template = chat_template(engine.model.file(), &engine.tokenizer)?;
             let layers = engine.model.cfg.n_layer;

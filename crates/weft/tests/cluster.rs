@@ -6,7 +6,7 @@ mod common;
 
 use std::io::{BufRead, BufReader};
 use std::path::Path;
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
@@ -14,98 +14,10 @@ use weft_gguf::GgmlType;
 use weft_model::synthetic::{synthetic_model, SyntheticSpec};
 use weft_model::Arch;
 
-use common::{ok_json, real_model, GEMMA3_TOL};
-
-fn weft(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_weft"))
-        .args(args)
-        .output()
-        .expect("running weft")
-}
-
-fn ids(v: &Value, key: &str) -> Vec<u64> {
-    v[key]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|x| x.as_u64().unwrap())
-        .collect()
-}
-
-/// Greedy generation with top logprobs, on one node or with `layout` flags.
-fn greedy(model: &str, prompt: &str, n: usize, layout: &[&str]) -> Value {
-    let n = n.to_string();
-    let mut args = vec![
-        "run",
-        "--model",
-        model,
-        "--prompt",
-        prompt,
-        "-n",
-        &n,
-        "--temperature",
-        "0",
-        "--json",
-        "--logprobs",
-        "5",
-    ];
-    args.extend_from_slice(layout);
-    ok_json(&weft(&args))
-}
-
-/// How far one token's logprob may move when only the summation order changes, on a
-/// synthetic model (small activations: the 8-bit activation rounding rarely flips).
-const SYNTHETIC_TOL: f64 = 0.1;
-
-/// The logprob of `id` in the `top_logprobs` entry `i` of a run, if it made the top list.
-fn top_logprob(run: &Value, i: usize, id: u64) -> Option<f64> {
-    run["top_logprobs"][i]
-        .as_array()?
-        .iter()
-        .find(|t| t[0].as_u64() == Some(id))
-        .and_then(|t| t[1].as_f64())
-}
-
-/// The cluster's greedy path must equal the single node's up to a part, with each token's
-/// logprob within `tol` of the single node's; where they part, each run's choice must be
-/// within `tol` of the best in the other's logprobs (a near-tie, not a wrong shard).
-fn assert_same_path(what: &str, single: &Value, got: &Value, tol: f64) {
-    let (a, b) = (ids(single, "token_ids"), ids(got, "token_ids"));
-    let same = a.iter().zip(&b).take_while(|(x, y)| x == y).count();
-    for i in 0..same {
-        let (x, y) = (top_logprob(single, i, a[i]), top_logprob(got, i, b[i]));
-        assert!(
-            matches!((x, y), (Some(x), Some(y)) if (x - y).abs() < tol),
-            "{what}: token {i} ({}) has logprob {x:?} on one node but {y:?}",
-            a[i]
-        );
-    }
-    if same < a.len().min(b.len()) {
-        let best = |run: &Value| run["top_logprobs"][same][0][1].as_f64().unwrap();
-        let in_single = top_logprob(single, same, b[same]).map(|lp| best(single) - lp);
-        let in_got = top_logprob(got, same, a[same]).map(|lp| best(got) - lp);
-        assert!(
-            in_single.is_some_and(|g| g < tol) && in_got.is_some_and(|g| g < tol),
-            "{what}: parts at {same}; the cluster's token is {in_single:?} behind in the \
-             single node's logprobs, the single node's {in_got:?} behind in the cluster's\n \
-             one {a:?}\n got {b:?}"
-        );
-    } else {
-        assert_eq!(
-            a.len(),
-            b.len(),
-            "{what}: lengths differ\n one {a:?}\n got {b:?}"
-        );
-    }
-}
-
-const LAYOUTS: [&[&str]; 5] = [
-    &["--nodes", "2", "--tp", "2"],
-    &["--nodes", "4", "--tp", "4"],
-    &["--nodes", "2", "--pp", "2"],
-    &["--nodes", "3", "--pp", "3"],
-    &["--nodes", "4", "--tp", "2", "--pp", "2"],
-];
+use common::{
+    assert_same_path, greedy, ids, ok_json, real_model, start_node, weft, Kill, GEMMA3_TOL,
+    LAYOUTS, SYNTHETIC_TOL,
+};
 
 #[test]
 fn every_layout_matches_one_node_on_synthetic_models() {
@@ -158,44 +70,6 @@ fn gemma3_every_layout_matches_one_node() {
             got["tp"].as_u64().unwrap() * got["pp"].as_u64().unwrap(),
             got["nodes"].as_array().unwrap().len() as u64
         );
-    }
-}
-
-/// A `weft node` on `listen`, with the address it printed.
-fn start_node(listen: &str, secret: &str) -> (Child, String) {
-    let mut c = Command::new(env!("CARGO_BIN_EXE_weft"))
-        .args([
-            "node",
-            "--listen",
-            listen,
-            "--secret",
-            secret,
-            "--threads",
-            "1",
-        ])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let mut line = String::new();
-    BufReader::new(c.stdout.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
-    let addr = line
-        .trim()
-        .strip_prefix("listening on ")
-        .unwrap_or_else(|| panic!("node printed {line:?}"))
-        .to_string();
-    (c, addr)
-}
-
-struct Kill(Vec<Child>);
-impl Drop for Kill {
-    fn drop(&mut self) {
-        for c in &mut self.0 {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
     }
 }
 

@@ -1,6 +1,8 @@
-//! One rank of a test group, as a child process: the multi-process tests start several of
-//! these, each runs a script of collectives, checks every result exactly and prints one
-//! JSON line (or the error it got, naming the peer).
+//! One rank of a test group, as a child process: the multi-process tests start their own
+//! test binary again with `RANK_ARGS_ENV` set; that child runs a script of collectives,
+//! checks every result exactly and prints one JSON line after `REPORT_PREFIX` (or the
+//! error it got, naming the peer). The rank lives in the test, not in a binary of the
+//! crate, so that `cargo run` in the workspace has one binary to pick: `weft`.
 
 use std::time::{Duration, Instant};
 
@@ -30,15 +32,21 @@ struct Args {
     after: usize,
 }
 
-fn main() {
-    tracing_subscriber::fmt()
+/// The environment variable that carries a child rank's arguments (unit-separated).
+pub const RANK_ARGS_ENV: &str = "WEFT_COMM_TEST_RANK_ARGS";
+/// What starts the report line, so the test harness's own output can be told apart.
+pub const REPORT_PREFIX: &str = "RANK-REPORT ";
+
+/// Runs one rank with the arguments in `RANK_ARGS_ENV`, then exits the process.
+pub fn main_from_env(raw: &str) -> ! {
+    let _ = tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
         )
-        .init();
-    let a = Args::parse();
+        .try_init();
+    let a = Args::parse_from(std::iter::once("rank").chain(raw.split('\u{1f}')));
     let opts = GroupOptions {
         secret: a.secret.clone().into_bytes(),
         transport: a.transport,
@@ -50,7 +58,7 @@ fn main() {
         Ok(g) => g,
         Err(e) => {
             println!(
-                "{}",
+                "{REPORT_PREFIX}{}",
                 serde_json::json!({"rank": a.rank, "error": e.to_string()})
             );
             std::process::exit(2);
@@ -62,9 +70,15 @@ fn main() {
         s => Err(format!("unknown script {s}")),
     };
     match out {
-        Ok(v) => println!("{v}"),
+        Ok(v) => {
+            println!("{REPORT_PREFIX}{v}");
+            std::process::exit(0);
+        }
         Err(e) => {
-            println!("{}", serde_json::json!({"rank": a.rank, "error": e}));
+            println!(
+                "{REPORT_PREFIX}{}",
+                serde_json::json!({"rank": a.rank, "error": e})
+            );
             std::process::exit(1);
         }
     }
