@@ -10,6 +10,7 @@ pub mod handshake;
 pub mod link;
 pub mod probe;
 pub mod ring;
+pub mod secret;
 pub mod tcp;
 
 pub use collectives::Wire;
