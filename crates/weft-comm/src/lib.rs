@@ -11,6 +11,7 @@ pub mod link;
 pub mod liveness;
 pub mod probe;
 pub mod ring;
+pub mod secret;
 pub mod tcp;
 
 pub use collectives::Wire;

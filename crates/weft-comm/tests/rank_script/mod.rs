@@ -16,7 +16,11 @@ struct Args {
     /// Comma-separated listen addresses of every rank, in rank order.
     #[arg(long, value_delimiter = ',')]
     addrs: Vec<String>,
-    #[arg(long, default_value = "test-secret")]
+    /// A fixed secret is fine for a test binary on loopback; it still clears the 128-bit floor.
+    #[arg(
+        long,
+        default_value = "weft-comm-rank-test-secret-not-for-real-clusters"
+    )]
     secret: String,
     #[arg(long, default_value = "tcp")]
     transport: TransportKind,
