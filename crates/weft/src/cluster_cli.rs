@@ -94,7 +94,7 @@ pub fn node(a: NodeArgs) -> Result<()> {
     }
     let listener = weft_comm::bind(&a.listen).map_err(|e| anyhow!("{e}"))?;
     let addr = listener.local_addr()?;
-    println!("listening on {addr}");
+    outln!("listening on {addr}")?;
     use std::io::Write;
     std::io::stdout().flush()?;
     weft_cluster::serve(

@@ -1,5 +1,9 @@
 //! The weft command line: run, serve, node, pull, perplexity, bench, inspect.
 
+// First, so its `outln!` macro is in scope in the modules below.
+#[macro_use]
+mod out;
+
 mod bench;
 mod bench_cluster;
 mod bench_comm;
@@ -81,7 +85,11 @@ fn main() {
         Cmd::Inspect { model, tensors } => inspect::run(model, tensors),
     };
     if let Err(e) = r {
+        // A reader that closed our stdout (`| head`) is a normal end, as in ripgrep.
+        let Some(code) = out::exit_code(&e) else {
+            std::process::exit(0);
+        };
         eprintln!("error: {e:#}");
-        std::process::exit(1);
+        std::process::exit(code);
     }
 }

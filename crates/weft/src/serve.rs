@@ -152,7 +152,7 @@ pub fn run(a: ServeArgs) -> Result<()> {
             ""
         }
     );
-    println!("listening on http://{addr}");
+    outln!("listening on http://{addr}")?;
     std::io::stdout().flush()?;
     let state = Arc::new(AppState::new(
         engine, tokenizer, template, model_id, api_key, view,
