@@ -55,6 +55,7 @@ pub struct RunArgs {
 pub fn run(a: RunArgs) -> Result<()> {
     let path = resolve_model(a.model.clone())?;
     let threads = a.threads.unwrap_or_else(default_threads).max(1);
+    crate::memcheck::check(&path, &a.layout, 1, a.ctx)?;
     if a.layout.is_cluster() {
         return run_cluster(&a, &path);
     }

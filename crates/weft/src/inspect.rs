@@ -7,7 +7,7 @@ use weft_gguf::{GgufFile, Value};
 
 use crate::paths::resolve_model;
 
-pub fn run(model: Option<PathBuf>, tensors: bool) -> Result<()> {
+pub fn run(model: Option<PathBuf>, tensors: bool, check: bool, all: bool) -> Result<()> {
     let path = resolve_model(model)?;
     let f = GgufFile::open(&path)?;
     outln!(
@@ -31,6 +31,9 @@ pub fn run(model: Option<PathBuf>, tensors: bool) -> Result<()> {
         for t in f.tensors() {
             outln!("  {} {:?} {} ({} bytes)", t.name, t.dims, t.ty, t.n_bytes)?;
         }
+    }
+    if check {
+        crate::inspect_check::run(&f, all)?;
     }
     Ok(())
 }

@@ -11,6 +11,8 @@ mod bench_serve;
 mod cli_run;
 mod cluster_cli;
 mod inspect;
+mod inspect_check;
+mod memcheck;
 mod paths;
 mod perplexity;
 mod progress;
@@ -57,6 +59,13 @@ enum Cmd {
         /// Also list every tensor.
         #[arg(long)]
         tensors: bool,
+        /// Scan unquantized tensors (norm weights, biases) for NaN or infinite values;
+        /// exit non-zero naming each tensor that holds any.
+        #[arg(long)]
+        check: bool,
+        /// With --check: dequantize and scan every tensor (slower on large models).
+        #[arg(long, requires = "check")]
+        all: bool,
     },
 }
 
@@ -82,7 +91,12 @@ fn main() {
         Cmd::Pull { force } => pull::pull(force, false).map(|_| ()),
         Cmd::Perplexity(a) => perplexity::run(a),
         Cmd::Bench(a) => bench::run(a),
-        Cmd::Inspect { model, tensors } => inspect::run(model, tensors),
+        Cmd::Inspect {
+            model,
+            tensors,
+            check,
+            all,
+        } => inspect::run(model, tensors, check, all),
     };
     if let Err(e) = r {
         // A reader that closed our stdout (`| head`) is a normal end, as in ripgrep.
