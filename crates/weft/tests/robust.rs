@@ -66,6 +66,9 @@ fn run_args<'a>(model: &'a str, prompt: &'a str, temp: &'a str) -> Vec<&'a str> 
         "--temperature",
         temp,
         "--json",
+        // One thread: a pool spinning on a shared, busy machine only slows tests down.
+        "-t",
+        "1",
     ]
 }
 
@@ -113,6 +116,8 @@ fn a_reader_that_closes_early_ends_weft_quietly() {
         "0.8",
         "--min-p",
         "0",
+        "-t",
+        "1",
     ];
     for n in [0, 3] {
         let (code, err) = close_early(&args, n);
@@ -128,7 +133,9 @@ fn a_full_disk_is_one_clear_error() {
     let m = m.to_str().unwrap();
     let runs: [&[&str]; 3] = [
         &["inspect", m, "--tensors"],
-        &["run", "--model", m, "--prompt", "hello", "-n", "4"],
+        &[
+            "run", "--model", m, "--prompt", "hello", "-n", "4", "-t", "1",
+        ],
         &run_args(m, "hello", "0"),
     ];
     for args in runs {
@@ -291,7 +298,17 @@ impl Drop for Server {
 impl Server {
     fn start(model: &Path, env: &[(&str, &str)]) -> Server {
         let mut child = weft()
-            .args(["serve", "--port", "0", "--ctx", "256", "--parallel", "2"])
+            .args([
+                "serve",
+                "--port",
+                "0",
+                "--ctx",
+                "256",
+                "--parallel",
+                "2",
+                "-t",
+                "1",
+            ])
             .arg("--model")
             .arg(model)
             .envs(env.iter().copied())
