@@ -71,6 +71,11 @@ impl GgufFile {
             path: path.clone(),
             error,
         };
+        // Opening a directory succeeds on Linux and mapping it fails with "No such
+        // device"; say what is wrong instead.
+        if path.is_dir() {
+            return Err(io(std::io::ErrorKind::IsADirectory.into()));
+        }
         let file = File::open(&path).map_err(io)?;
         // SAFETY: the mapping is read-only; weft never writes model files while serving them.
         // A file truncated underneath us by another process is outside what we can defend.

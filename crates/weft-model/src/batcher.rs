@@ -128,7 +128,14 @@ pub struct Batcher<B: BatchBackend> {
     tokenizer: Arc<Tokenizer>,
     opts: BatchOptions,
     stats: Arc<BatchStats>,
+    /// Test hook, read once at start from WEFT_TEST_PANIC_ON_PROMPT: a prompt whose text
+    /// contains this panics the batcher thread, so tests can check what a dying engine
+    /// looks like from outside (/health, the exit code). Unset in normal use.
+    panic_on: Option<String>,
 }
+
+/// The environment variable of the test hook above.
+pub const PANIC_HOOK_ENV: &str = "WEFT_TEST_PANIC_ON_PROMPT";
 
 impl<B: BatchBackend> Batcher<B> {
     pub fn new(backend: B, tokenizer: Arc<Tokenizer>, opts: BatchOptions) -> Self {
@@ -142,6 +149,7 @@ impl<B: BatchBackend> Batcher<B> {
                 prefill_chunk,
             },
             stats: Arc::new(BatchStats::default()),
+            panic_on: std::env::var(PANIC_HOOK_ENV).ok().filter(|s| !s.is_empty()),
         }
     }
 
@@ -285,7 +293,18 @@ impl<B: BatchBackend> Batcher<B> {
                 } else {
                     a.seq.out.decode_steps += 1;
                 }
-                let step = a.seq.advance(self.backend.logits(k), norm);
+                let step = match a.seq.advance(self.backend.logits(k), norm) {
+                    Ok(step) => step,
+                    Err(e) => {
+                        // Only this sequence's logits were bad: it fails, the rest go on.
+                        tracing::warn!("slot {}: {e}", a.slot);
+                        a.sink.send(Event::Failed(e));
+                        a.gone = true;
+                        a.failed = true;
+                        self.stats.failed.fetch_add(1, Ordering::Relaxed);
+                        continue;
+                    }
+                };
                 a.next = step.next;
                 if step.token.is_some() {
                     self.stats.generated_tokens.fetch_add(1, Ordering::Relaxed);
@@ -326,6 +345,11 @@ impl<B: BatchBackend> Batcher<B> {
 
     /// Starts `job` in `slot`, or answers it with the reason it cannot run.
     fn admit<'t>(&mut self, mut job: Job, slot: usize, tok: &'t Tokenizer) -> Option<Active<'t>> {
+        if let Some(needle) = &self.panic_on {
+            if tok.decode(&job.req.prompt_ids).contains(needle.as_str()) {
+                panic!("{PANIC_HOOK_ENV}: the prompt contains {needle:?}");
+            }
+        }
         let started = Sequence::start(tok, &job.req, self.backend.n_ctx())
             .and_then(|seq| self.backend.reset(slot).map(|()| seq));
         let seq = match started {

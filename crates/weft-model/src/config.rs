@@ -116,7 +116,19 @@ impl ModelConfig {
                 format!("{v_len} differs from key_length {head_dim}; not supported"),
             ));
         }
-        let eps = f.get_f32(&k("attention.layer_norm_rms_epsilon"))?;
+        // Float hyper-parameters must be finite and positive: a NaN epsilon or RoPE base
+        // would load fine and turn every logit into NaN at the first token.
+        let positive = |key: String, v: f32| -> Result<f32, GgufError> {
+            if v.is_finite() && v > 0.0 {
+                Ok(v)
+            } else {
+                Err(bad(key, format!("{v} must be a finite number > 0")))
+            }
+        };
+        let eps = positive(
+            k("attention.layer_norm_rms_epsilon"),
+            f.get_f32(&k("attention.layer_norm_rms_epsilon"))?,
+        )?;
         let n_rot = f.get_u64_or(&k("rope.dimension_count"), head_dim as u64)? as usize;
         if n_rot > head_dim || !n_rot.is_multiple_of(2) {
             return Err(bad(
@@ -129,10 +141,21 @@ impl ModelConfig {
         } else {
             10_000.0
         };
-        let rope_base = f.get_f32_or(&k("rope.freq_base"), default_base)?;
-        let rope_base_swa = f.get_f32_or(&k("rope.freq_base_swa"), 10_000.0)?;
+        let rope_base = positive(
+            k("rope.freq_base"),
+            f.get_f32_or(&k("rope.freq_base"), default_base)?,
+        )?;
+        let rope_base_swa = positive(
+            k("rope.freq_base_swa"),
+            f.get_f32_or(&k("rope.freq_base_swa"), 10_000.0)?,
+        )?;
         let rope_freq_scale = match f.get(&k("rope.scaling.type")).and_then(|v| v.as_str()) {
-            Some("linear") => 1.0 / f.get_f32_or(&k("rope.scaling.factor"), 1.0)?,
+            Some("linear") => {
+                1.0 / positive(
+                    k("rope.scaling.factor"),
+                    f.get_f32_or(&k("rope.scaling.factor"), 1.0)?,
+                )?
+            }
             Some("none") | None => 1.0,
             Some(other) => {
                 return Err(bad(
@@ -160,6 +183,12 @@ impl ModelConfig {
         let window = sliding_windows(f, arch, arch_name, n_layer)?;
         let gemma = arch == Arch::Gemma3;
         let final_softcap = match f.get_f32_or(&k("final_logit_softcapping"), 0.0)? {
+            c if c.is_nan() || c == f32::INFINITY => {
+                return Err(bad(
+                    k("final_logit_softcapping"),
+                    format!("{c} must be a finite number (0: off)"),
+                ))
+            }
             c if c > 0.0 => Some(c),
             _ => None,
         };

@@ -24,4 +24,8 @@ pub enum ModelError {
     Collective(String),
     #[error("{0}")]
     Invalid(String),
+    /// The forward pass produced logits no token can be sampled from (NaN weights, an
+    /// overflow): this request fails, the engine goes on.
+    #[error("the model produced non-finite logits ({what}) at token position {pos}")]
+    NonFiniteLogits { what: &'static str, pos: usize },
 }

@@ -8,7 +8,7 @@ use weft_tokenizer::{StreamDecoder, Tokenizer};
 
 use crate::engine::{FinishReason, GenerateRequest, Generated};
 use crate::error::ModelError;
-use crate::sampler::{log_sum_exp, top_k_into, Sampler};
+use crate::sampler::{check_logits, log_sum_exp, top_k_into, NonFinite, Sampler};
 
 /// Something that runs a sequence and yields the logits of its last token.
 pub trait Backend {
@@ -42,7 +42,7 @@ pub fn generate(
     let t1 = Instant::now();
     loop {
         let norm = backend.log_normalizer();
-        let step = seq.advance(backend.logits(), norm);
+        let step = seq.advance(backend.logits(), norm)?;
         on_text(&step.text);
         match step.next {
             Some(tok) => {
@@ -123,15 +123,33 @@ impl<'a> Sequence<'a> {
     }
 
     /// Samples the next token from the last token's `logits` (`norm`: the full
-    /// vocabulary's log-normalizer when `logits` holds only a top-k view).
-    pub fn advance(&mut self, logits: &mut [f32], norm: Option<f32>) -> Advanced {
+    /// vocabulary's log-normalizer when `logits` holds only a top-k view). Logits with a
+    /// NaN or +inf, or no finite value, end the sequence with `NonFiniteLogits`.
+    pub fn advance(
+        &mut self,
+        logits: &mut [f32],
+        norm: Option<f32>,
+    ) -> Result<Advanced, ModelError> {
         let mut step = Advanced::default();
         if self.finished {
-            return step;
+            return Ok(step);
         }
         if self.out.token_ids.len() >= self.budget {
             step.text = self.end(FinishReason::Length);
-            return step;
+            return Ok(step);
+        }
+        // Checked once here, before logprobs and sampling both read them; a NaN
+        // normalizer from a cluster's merged top-k counts as well.
+        let bad = check_logits(logits)
+            .err()
+            .or_else(|| norm.filter(|z| !z.is_finite()).map(|_| NonFinite::NaN));
+        if let Some(why) = bad {
+            self.finished = true;
+            return Err(ModelError::NonFiniteLogits {
+                what: why.as_str(),
+                // The position of the token whose logits these are.
+                pos: self.history.len().saturating_sub(1),
+            });
         }
         // Logprobs before penalties: the model's own distribution, normalized over the
         // full vocabulary (a top-k view comes with the true normalizer `norm`).
@@ -146,11 +164,11 @@ impl<'a> Sequence<'a> {
         // The chosen token's own logit, read after sampling: only a penalty changes the
         // logits, and only then is a copy needed.
         let kept = (z.is_some() && self.sampler.modifies_logits()).then(|| logits.to_vec());
-        let tok = self.sampler.sample(logits, &self.history);
+        let tok = self.sampler.sample_checked(logits, &self.history);
         if self.tokenizer.is_eog(tok) {
             self.finished = true;
             self.out.finish = FinishReason::Stop;
-            return step;
+            return Ok(step);
         }
         if let (Some(z), Some(top)) = (z, top) {
             let raw = kept.as_deref().unwrap_or(logits)[tok as usize];
@@ -171,7 +189,7 @@ impl<'a> Sequence<'a> {
         } else {
             step.next = Some(tok);
         }
-        step
+        Ok(step)
     }
 
     /// Finishes with `why`, flushing held-back text; returns that text.

@@ -10,6 +10,7 @@ pub mod error;
 pub mod generate;
 pub mod kv;
 pub mod local_batch;
+pub mod memory;
 pub mod model;
 mod rows;
 pub mod sampler;

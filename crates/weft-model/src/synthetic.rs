@@ -21,6 +21,12 @@ pub struct SyntheticSpec {
     /// Type of every 2-D weight (embedding included).
     pub weight_type: GgmlType,
     pub seed: u64,
+    /// Token ids whose embedding rows are NaN, so a prompt holding one yields NaN logits
+    /// (tests of non-finite handling; use a type that keeps NaN, such as F16 or F32,
+    /// and an architecture with its own output matrix so other prompts stay finite).
+    pub nan_tokens: Vec<u32>,
+    /// Names of F32 vectors (norm weights, biases) written as all NaN.
+    pub nan_tensors: Vec<String>,
 }
 
 impl SyntheticSpec {
@@ -38,6 +44,8 @@ impl SyntheticSpec {
             n_extra_vocab: 252,
             weight_type: ty,
             seed: 42,
+            nan_tokens: Vec::new(),
+            nan_tensors: Vec::new(),
         }
     }
 
@@ -88,9 +96,15 @@ pub fn synthetic_model(spec: &SyntheticSpec) -> GgufWriter {
     add_vocab(&mut w, spec);
     let weight = |w: &mut GgufWriter, name: &str, n_in: usize, n_out: usize, rng: &mut Rng| {
         let scale = 1.0 / (n_in as f32).sqrt();
-        let vals: Vec<f32> = (0..n_in * n_out)
+        let mut vals: Vec<f32> = (0..n_in * n_out)
             .map(|_| rng.next() * scale * 1.5)
             .collect();
+        if name == "token_embd.weight" {
+            for &t in &spec.nan_tokens {
+                let row = t as usize * n_in;
+                vals[row..row + n_in].fill(f32::NAN);
+            }
+        }
         w.add_tensor(
             name,
             &[n_in as u64, n_out as u64],
@@ -99,7 +113,10 @@ pub fn synthetic_model(spec: &SyntheticSpec) -> GgufWriter {
         );
     };
     let vector = |w: &mut GgufWriter, name: &str, n: usize, rng: &mut Rng, around: f32| {
-        let vals: Vec<f32> = (0..n).map(|_| around + 0.2 * rng.next()).collect();
+        let mut vals: Vec<f32> = (0..n).map(|_| around + 0.2 * rng.next()).collect();
+        if spec.nan_tensors.iter().any(|t| t == name) {
+            vals.fill(f32::NAN);
+        }
         w.add_tensor(
             name,
             &[n as u64],

@@ -2,8 +2,10 @@
 //! in as a `Job`, its events come back on a tokio channel, and a dropped receiver (the
 //! client went away) cancels the generation at the next step.
 
+use std::panic::AssertUnwindSafe;
 use std::sync::mpsc;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver, UnboundedSender};
 use weft_model::{
@@ -30,6 +32,10 @@ pub struct EngineHandle {
     pub stats: Arc<BatchStats>,
     pub options: BatchOptions,
     pub n_ctx: usize,
+    /// Set (with the panic's message) when the batcher thread died: nothing can be
+    /// served any more, so /health says so and the server exits for a supervisor to
+    /// restart it.
+    stopped: Arc<Mutex<Option<String>>>,
 }
 
 impl EngineHandle {
@@ -44,15 +50,51 @@ impl EngineHandle {
         let stats = batcher.stats();
         let options = batcher.options();
         let (jobs, rx) = mpsc::channel();
+        let stopped = Arc::new(Mutex::new(None));
+        let dead = stopped.clone();
         std::thread::Builder::new()
             .name("weft-batcher".into())
-            .spawn(move || batcher.run(rx))?;
+            .spawn(move || {
+                // A normal return means the server dropped its handle (shutting down);
+                // only a panic leaves a server that can no longer answer.
+                if let Err(p) = std::panic::catch_unwind(AssertUnwindSafe(|| batcher.run(rx))) {
+                    let why = p
+                        .downcast_ref::<String>()
+                        .cloned()
+                        .or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()))
+                        .unwrap_or_else(|| "panicked".into());
+                    tracing::error!("the batcher thread died: {why}");
+                    if let Ok(mut s) = dead.lock() {
+                        *s = Some(why);
+                    }
+                }
+            })?;
         Ok(EngineHandle {
             jobs,
             stats,
             options,
             n_ctx,
+            stopped,
         })
+    }
+
+    /// Why the batcher thread died, if it did.
+    pub fn stopped(&self) -> Option<String> {
+        // A poisoned lock still holds the reason.
+        match self.stopped.lock() {
+            Ok(s) => s.clone(),
+            Err(p) => p.into_inner().clone(),
+        }
+    }
+
+    /// Resolves once the batcher thread has died (polled: it happens at most once).
+    pub async fn wait_stopped(&self) -> String {
+        loop {
+            if let Some(why) = self.stopped() {
+                return why;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
     }
 
     /// Queues `req`; its events arrive on the returned channel.

@@ -219,6 +219,9 @@ pub fn model_error(e: ModelError) -> ApiError {
         ModelError::ContextFull { .. } | ModelError::BadToken { .. } => {
             ApiError::bad_request("", e.to_string())
         }
+        ModelError::NonFiniteLogits { .. } => {
+            ApiError::internal(e.to_string()).with_code("non_finite_logits")
+        }
         other => ApiError::internal(other.to_string()),
     }
 }

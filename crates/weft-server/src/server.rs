@@ -113,7 +113,8 @@ pub fn router(state: Arc<AppState>) -> Router {
         .with_state(state)
 }
 
-/// Serves until ctrl-c; samples the decode rate every half second for `/v1/cluster`.
+/// Serves until ctrl-c, SIGTERM, or shortly after the batcher thread dies (the caller
+/// then finds `engine.stopped()` set and exits non-zero); samples the decode rate every half second for `/v1/cluster`.
 pub async fn serve(listener: TcpListener, state: Arc<AppState>) -> std::io::Result<()> {
     let sampler = state.clone();
     tokio::spawn(async move {
@@ -133,10 +134,28 @@ pub async fn serve(listener: TcpListener, state: Arc<AppState>) -> std::io::Resu
             }
         }
     });
+    let watch = state.clone();
+    let engine_died = async move {
+        let why = watch.engine.wait_stopped().await;
+        tracing::error!(
+            "the inference engine stopped ({why}); shutting down in {} s",
+            STOPPED_GRACE.as_secs_f64()
+        );
+        // Long enough for health checks to see the 503 before the port closes.
+        tokio::time::sleep(STOPPED_GRACE).await;
+    };
     axum::serve(listener, router(state))
-        .with_graceful_shutdown(shutdown_signal())
+        .with_graceful_shutdown(async move {
+            tokio::select! {
+                _ = shutdown_signal() => {}
+                _ = engine_died => {}
+            }
+        })
         .await
 }
+
+/// How long a server whose engine died keeps answering (503 on /health) before it exits.
+const STOPPED_GRACE: Duration = Duration::from_secs(2);
 
 /// Ctrl-C or SIGTERM: stop accepting, finish open responses, then return.
 async fn shutdown_signal() {
@@ -189,8 +208,12 @@ fn same_secret(a: &[u8], b: &[u8]) -> bool {
     a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
-async fn health(State(st): State<Arc<AppState>>) -> Json<Value> {
-    Json(json!({"status": "ok", "model": st.model_id, "live": st.live()}))
+async fn health(State(st): State<Arc<AppState>>) -> Response {
+    if let Some(why) = st.engine.stopped() {
+        let body = json!({"status": "engine stopped", "reason": why, "model": st.model_id});
+        return (axum::http::StatusCode::SERVICE_UNAVAILABLE, Json(body)).into_response();
+    }
+    Json(json!({"status": "ok", "model": st.model_id, "live": st.live()})).into_response()
 }
 
 fn model_card(st: &AppState) -> Value {

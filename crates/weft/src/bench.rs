@@ -123,7 +123,7 @@ pub fn run(a: BenchArgs) -> Result<()> {
     let file_bytes = std::fs::metadata(&path).map(|m| m.len()).unwrap_or(0);
     let kv_bytes = engine.kv.bytes();
     if a.json {
-        println!(
+        outln!(
             "{}",
             json!({
                 "model": path.display().to_string(),
@@ -142,40 +142,40 @@ pub fn run(a: BenchArgs) -> Result<()> {
                 "batch": a.batch,
                 "batch_tg_tok_s": batched,
             })
-        );
+        )?;
     } else {
-        println!(
+        outln!(
             "model {} | {threads} threads | load {load_s:.2}s",
             path.display()
-        );
-        println!("pp{:<5} {pp_med:8.1} tok/s  ± {pp_sd:.1}", a.prefill);
-        println!("tg{:<5} {tg_med:8.1} tok/s  ± {tg_sd:.1}", a.decode);
+        )?;
+        outln!("pp{:<5} {pp_med:8.1} tok/s  ± {pp_sd:.1}", a.prefill)?;
+        outln!("tg{:<5} {tg_med:8.1} tok/s  ± {tg_sd:.1}", a.decode)?;
         if let Some(b) = batched {
-            println!(
+            outln!(
                 "tg{:<5} {b:8.1} tok/s  aggregate of {} sequences in batched steps ({:.2}x)",
                 a.decode,
                 a.batch,
                 b / tg_med.max(1e-9)
-            );
+            )?;
         }
-        println!(
+        outln!(
             "bytes read per decoded token: {:.1} MB",
             bytes_per_token as f64 / 1e6
-        );
+        )?;
         if let (Some(bw), Some(r)) = (bandwidth, roofline) {
-            println!(
+            outln!(
                 "memory bandwidth {:.1} GB/s -> roofline {r:.1} tok/s; decode reaches {:.0}% of it",
                 bw / 1e9,
                 100.0 * tg_med / r
-            );
+            )?;
         }
         if let Some(rss) = rss {
-            println!(
+            outln!(
                 "peak RSS {:.1} MB (file {:.1} MB, KV cache {:.1} MB)",
                 rss as f64 / 1e6,
                 file_bytes as f64 / 1e6,
                 kv_bytes as f64 / 1e6
-            );
+            )?;
         }
     }
     Ok(())

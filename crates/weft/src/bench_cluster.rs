@@ -190,10 +190,10 @@ pub fn run(a: &BenchArgs) -> Result<()> {
             v["pp_tok_s"] = runs[0]["pp_tok_s"].clone();
             v["tg_tok_s"] = runs[0]["tg_tok_s"].clone();
         }
-        println!("{v}");
+        outln!("{v}")?;
         return Ok(());
     }
-    println!(
+    outln!(
         "{:<14} {:>8} {:>9} {:>9} {:>7} {:>6} {:>9} {:>10} {:>12}",
         "layout",
         "delay µs",
@@ -204,14 +204,14 @@ pub fn run(a: &BenchArgs) -> Result<()> {
         "net wait",
         "seed ms/t",
         "predicted"
-    );
+    )?;
     for r in &runs {
         let f = |k: &str| r[k].as_f64().unwrap_or(0.0);
         let pred = r["predicted_tg_tok_s"]
             .as_f64()
             .map(|p| format!("{p:.1}"))
             .unwrap_or("-".into());
-        println!(
+        outln!(
             "{:<14} {:>8} {:>9.1} {:>9.1} {:>7.2} {:>6} {:>8.0}% {:>10.2} {:>12}",
             r["layout"].as_str().unwrap_or("?"),
             f("link_delay_us"),
@@ -222,9 +222,9 @@ pub fn run(a: &BenchArgs) -> Result<()> {
             100.0 * f("network_share"),
             f("seed_wait_ms_per_token"),
             pred
-        );
+        )?;
     }
-    println!("per-node peak RSS / shard weight bytes (MB):");
+    outln!("per-node peak RSS / shard weight bytes (MB):")?;
     for r in &runs {
         let nodes: Vec<String> = r["nodes"]
             .as_array()
@@ -239,12 +239,12 @@ pub fn run(a: &BenchArgs) -> Result<()> {
                 )
             })
             .collect();
-        println!(
+        outln!(
             "  {:<14} delay {:>5}: {}",
             r["layout"].as_str().unwrap_or("?"),
             r["link_delay_us"],
             nodes.join("  ")
-        );
+        )?;
     }
     Ok(())
 }

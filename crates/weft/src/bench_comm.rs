@@ -119,9 +119,9 @@ pub fn run(a: CommBenchArgs) -> Result<()> {
     }
     let v = report.ok_or_else(|| anyhow!("rank 0 printed no report"))?;
     if a.json {
-        println!("{v}");
+        outln!("{v}")?;
     } else {
-        println!(
+        outln!(
             "{} ranks over {}, {} B all-reduce ({}): median {:.1} µs, p99 {:.1} µs",
             a.ranks,
             v["transport"].as_str().unwrap_or("?"),
@@ -129,20 +129,20 @@ pub fn run(a: CommBenchArgs) -> Result<()> {
             wire_name(a.wire),
             v["allreduce_median_us"].as_f64().unwrap_or(0.0),
             v["allreduce_p99_us"].as_f64().unwrap_or(0.0)
-        );
-        println!(
+        )?;
+        outln!(
             "ping-pong rank 0 <-> 1, {} B: median {:.1} µs round trip, p99 {:.1} µs",
             a.bytes,
             v["pingpong_median_us"].as_f64().unwrap_or(0.0),
             v["pingpong_p99_us"].as_f64().unwrap_or(0.0)
-        );
-        println!(
+        )?;
+        outln!(
             "{} MiB: send 0 -> 1 {:.2} GB/s; all-reduce {:.2} GB/s algorithm, {:.2} GB/s bus",
             a.bw_bytes >> 20,
             v["send_gb_s"].as_f64().unwrap_or(0.0),
             v["allreduce_alg_gb_s"].as_f64().unwrap_or(0.0),
             v["allreduce_bus_gb_s"].as_f64().unwrap_or(0.0)
-        );
+        )?;
     }
     Ok(())
 }
@@ -253,7 +253,7 @@ pub fn run_rank(a: CommRankArgs) -> Result<()> {
         let ranks = a.addrs.len() as f64;
         let alg = b.bw_bytes as f64 / ar_s / 1e9;
         let kind = g.link_info(1).map(|(_, k)| k).unwrap_or("?");
-        println!(
+        outln!(
             "{}",
             json!({
                 "ranks": a.addrs.len(),
@@ -271,7 +271,7 @@ pub fn run_rank(a: CommRankArgs) -> Result<()> {
                 "allreduce_alg_gb_s": alg,
                 "allreduce_bus_gb_s": alg * 2.0 * (ranks - 1.0) / ranks,
             })
-        );
+        )?;
     }
     Ok(())
 }

@@ -358,39 +358,39 @@ pub fn run(a: ServeBenchArgs) -> Result<()> {
         "ttft_busy_over_idle": busy_med / idle_med.max(1e-9),
     });
     if a.json {
-        println!("{out}");
+        outln!("{out}")?;
         return Ok(());
     }
     let f = |k: &str| out[k].as_f64().unwrap_or(0.0);
-    println!("streams        one: {:.1} tok/s", f("one_stream_tok_s"));
-    println!(
+    outln!("streams        one: {:.1} tok/s", f("one_stream_tok_s"))?;
+    outln!(
         "{c:>2} at once     decode {:.1} tok/s ({:.2}x one) over {:.2} s with all {c} decoding",
         f("aggregate_decode_tok_s"),
         f("aggregate_decode_over_one"),
         f("all_decoding_window_s"),
-    );
-    println!(
+    )?;
+    outln!(
         "               whole span {:.1} tok/s ({:.2}x one, prefills included), per stream median {:.1} tok/s",
         f("aggregate_tok_s"),
         f("aggregate_over_one"),
         f("per_stream_tok_s_median")
-    );
-    println!(
+    )?;
+    outln!(
         "TTFT idle      median {:.1} ms, p99 {:.1} ms",
         f("ttft_idle_median_ms"),
         f("ttft_idle_p99_ms")
-    );
-    println!(
+    )?;
+    outln!(
         "TTFT {c} start  median {:.1} ms, p99 {:.1} ms (all {c} arriving together)",
         f("ttft_concurrent_start_median_ms"),
         f("ttft_concurrent_start_p99_ms")
-    );
-    println!(
+    )?;
+    outln!(
         "TTFT busy      median {:.1} ms, p99 {:.1} ms with {} streams running ({:.2}x idle)",
         f("ttft_busy_median_ms"),
         f("ttft_busy_p99_ms"),
         c.saturating_sub(1),
         f("ttft_busy_over_idle")
-    );
+    )?;
     Ok(())
 }

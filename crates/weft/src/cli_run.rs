@@ -1,6 +1,5 @@
 //! `weft run`: generate text from a prompt, streaming it to stdout.
 
-use std::io::Write;
 use std::path::PathBuf;
 
 use anyhow::{Context, Result};
@@ -56,23 +55,19 @@ pub struct RunArgs {
 pub fn run(a: RunArgs) -> Result<()> {
     let path = resolve_model(a.model.clone())?;
     let threads = resolve_threads(a.threads)?;
+    crate::memcheck::check(&path, &a.layout, 1, a.ctx)?;
     if a.layout.is_cluster() {
         return run_cluster(&a, &path);
     }
     let (mut engine, load_s) = load_engine(&path, threads, a.ctx)?;
     let prompt_ids = engine.tokenizer.encode(&a.prompt, true, true);
     let req = request(&a, prompt_ids.clone());
-    let stdout = std::io::stdout();
-    let json_mode = a.json;
+    let mut sink = TextSink::new(a.json);
     let g = engine
-        .generate(&req, &mut |piece| {
-            if !json_mode {
-                let mut o = stdout.lock();
-                let _ = o.write_all(piece.as_bytes());
-                let _ = o.flush();
-            }
-        })
-        .context("generation failed")?;
+        .generate(&req, &mut |piece| sink.push(piece))
+        .context("generation failed");
+    sink.result()?;
+    let g = g?;
     let extra = json!({"load_s": load_s, "threads": threads});
     report(
         &a,
@@ -80,8 +75,7 @@ pub fn run(a: RunArgs) -> Result<()> {
         &g,
         extra,
         &format!("load {load_s:.2}s, {threads} threads"),
-    );
-    Ok(())
+    )
 }
 
 /// The same generation across a cluster: local nodes (--nodes) or running ones (--peers).
@@ -92,16 +86,13 @@ fn run_cluster(a: &RunArgs, path: &std::path::Path) -> Result<()> {
     let setup_s = t0.elapsed().as_secs_f64();
     let prompt_ids = c.tokenizer.encode(&a.prompt, true, true);
     let req = request(a, prompt_ids.clone());
-    let stdout = std::io::stdout();
-    let json_mode = a.json;
+    let mut sink = TextSink::new(a.json);
     let g = weft_model::generate(&mut c.cluster, &c.tokenizer, &req, &mut |piece| {
-        if !json_mode {
-            let mut o = stdout.lock();
-            let _ = o.write_all(piece.as_bytes());
-            let _ = o.flush();
-        }
+        sink.push(piece)
     })
-    .context("generation across the cluster failed")?;
+    .context("generation across the cluster failed");
+    sink.result()?;
+    let g = g?;
     let stats = c.cluster.stop().map_err(|e| anyhow::anyhow!(e))?;
     let l = c.cluster.layout().clone();
     let extra = json!({
@@ -118,8 +109,7 @@ fn run_cluster(a: &RunArgs, path: &std::path::Path) -> Result<()> {
         l.tp,
         l.pp
     );
-    report(a, &prompt_ids, &g, extra, &what);
-    Ok(())
+    report(a, &prompt_ids, &g, extra, &what)
 }
 
 fn report(
@@ -128,7 +118,7 @@ fn report(
     g: &weft_model::Generated,
     extra: serde_json::Value,
     what: &str,
-) {
+) -> Result<()> {
     if a.json {
         let mut v = json!({
             "prompt_ids": prompt_ids,
@@ -152,9 +142,9 @@ fn report(
                 .collect::<Vec<_>>());
             v["logprobs"] = json!(g.logprobs.iter().map(|(lp, _)| *lp).collect::<Vec<_>>());
         }
-        println!("{v}");
+        outln!("{v}")?;
     } else {
-        println!();
+        outln!()?;
         eprintln!(
             "prefill: {} tokens, {:.1} tok/s | decode: {} tokens, {:.1} tok/s | {what}",
             g.prefill_tokens,
@@ -162,6 +152,34 @@ fn report(
             g.token_ids.len(),
             g.decode_tok_s(),
         );
+    }
+    Ok(())
+}
+
+/// Streams generated text to stdout (unless --json). The first failed write is kept and
+/// later pieces are dropped, so a closed pipe ends the command with that error rather
+/// than a panic; generation itself has no way to be stopped from here.
+struct TextSink {
+    json: bool,
+    error: Option<crate::out::StdoutError>,
+}
+
+impl TextSink {
+    fn new(json: bool) -> Self {
+        TextSink { json, error: None }
+    }
+
+    fn push(&mut self, piece: &str) {
+        if self.json || self.error.is_some() || piece.is_empty() {
+            return;
+        }
+        if let Err(e) = crate::out::write_str(piece) {
+            self.error = Some(e);
+        }
+    }
+
+    fn result(&mut self) -> Result<(), crate::out::StdoutError> {
+        self.error.take().map_or(Ok(()), Err)
     }
 }
 

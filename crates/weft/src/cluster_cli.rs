@@ -97,7 +97,7 @@ fn secret_from(flag: &Option<String>) -> Result<String> {
 
 /// `weft secret`: one fresh secret on stdout (so it can be captured), the hint on stderr.
 pub fn print_secret() -> Result<()> {
-    println!("{}", weft_comm::secret::random_secret());
+    outln!("{}", weft_comm::secret::random_secret())?;
     eprintln!(
         "give every node and coordinator of one cluster this secret: \
          --secret SECRET, or WEFT_SECRET=SECRET in the environment"
@@ -112,7 +112,7 @@ pub fn node(a: NodeArgs) -> Result<()> {
     }
     let listener = weft_comm::bind(&a.listen).map_err(|e| anyhow!("{e}"))?;
     let addr = listener.local_addr()?;
-    println!("listening on {addr}");
+    outln!("listening on {addr}")?;
     use std::io::Write;
     std::io::stdout().flush()?;
     weft_cluster::serve(

@@ -7,16 +7,16 @@ use weft_gguf::{GgufFile, Value};
 
 use crate::paths::resolve_model;
 
-pub fn run(model: Option<PathBuf>, tensors: bool) -> Result<()> {
+pub fn run(model: Option<PathBuf>, tensors: bool, check: bool, all: bool) -> Result<()> {
     let path = resolve_model(model)?;
     let f = GgufFile::open(&path)?;
-    println!(
+    outln!(
         "{}: GGUF v{}, {} tensors, {} metadata keys",
         path.display(),
         f.version,
         f.tensors().len(),
         f.metadata().len()
-    );
+    )?;
     for (k, v) in f.metadata() {
         let shown = match v {
             Value::String(s) if s.len() > 120 => format!(
@@ -25,12 +25,15 @@ pub fn run(model: Option<PathBuf>, tensors: bool) -> Result<()> {
             ),
             v => v.to_string(),
         };
-        println!("  {k} = {shown}");
+        outln!("  {k} = {shown}")?;
     }
     if tensors {
         for t in f.tensors() {
-            println!("  {} {:?} {} ({} bytes)", t.name, t.dims, t.ty, t.n_bytes);
+            outln!("  {} {:?} {} ({} bytes)", t.name, t.dims, t.ty, t.n_bytes)?;
         }
+    }
+    if check {
+        crate::inspect_check::run(&f, all)?;
     }
     Ok(())
 }

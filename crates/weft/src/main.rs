@@ -1,5 +1,9 @@
 //! The weft command line: run, serve, node, secret, pull, perplexity, bench, inspect.
 
+// First, so its `outln!` macro is in scope in the modules below.
+#[macro_use]
+mod out;
+
 mod bench;
 mod bench_cluster;
 mod bench_comm;
@@ -7,6 +11,8 @@ mod bench_serve;
 mod cli_run;
 mod cluster_cli;
 mod inspect;
+mod inspect_check;
+mod memcheck;
 mod paths;
 mod perplexity;
 mod progress;
@@ -55,6 +61,13 @@ enum Cmd {
         /// Also list every tensor.
         #[arg(long)]
         tensors: bool,
+        /// Scan unquantized tensors (norm weights, biases) for NaN or infinite values;
+        /// exit non-zero naming each tensor that holds any.
+        #[arg(long)]
+        check: bool,
+        /// With --check: dequantize and scan every tensor (slower on large models).
+        #[arg(long, requires = "check")]
+        all: bool,
     },
 }
 
@@ -81,10 +94,19 @@ fn main() {
         Cmd::Pull { force } => pull::pull(force, false).map(|_| ()),
         Cmd::Perplexity(a) => perplexity::run(a),
         Cmd::Bench(a) => bench::run(a),
-        Cmd::Inspect { model, tensors } => inspect::run(model, tensors),
+        Cmd::Inspect {
+            model,
+            tensors,
+            check,
+            all,
+        } => inspect::run(model, tensors, check, all),
     };
     if let Err(e) = r {
+        // A reader that closed our stdout (`| head`) is a normal end, as in ripgrep.
+        let Some(code) = out::exit_code(&e) else {
+            std::process::exit(0);
+        };
         eprintln!("error: {e:#}");
-        std::process::exit(1);
+        std::process::exit(code);
     }
 }

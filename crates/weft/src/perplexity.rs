@@ -43,15 +43,15 @@ pub fn run(a: PerplexityArgs) -> Result<()> {
         .with_context(|| format!("scoring {}", a.file.display()))?;
     let secs = t0.elapsed().as_secs_f64();
     if a.json {
-        println!(
+        outln!(
             "{}",
             json!({"ppl": ppl, "chunks": chunks, "ctx": a.ctx, "tokens": tokens.len(), "scored": scored, "seconds": secs})
-        );
+        )?;
     } else {
-        println!(
+        outln!(
             "perplexity {ppl:.4} over {chunks} chunks of {} tokens ({scored} scored, {secs:.1}s)",
             a.ctx
-        );
+        )?;
     }
     Ok(())
 }

@@ -48,6 +48,26 @@ pub struct ServeArgs {
     pub layout: crate::cluster_cli::LayoutArgs,
 }
 
+/// The API key from --api-key, else WEFT_API_KEY. An empty or blank one is refused: it
+/// would turn authentication off (empty) or never match (blank), while the operator
+/// meant to require a key.
+fn api_key(flag: Option<String>, env: Option<String>) -> Result<Option<String>> {
+    let (key, from) = match (flag, env) {
+        (Some(k), _) => (k, "--api-key"),
+        (None, Some(k)) => (k, "WEFT_API_KEY"),
+        (None, None) => return Ok(None),
+    };
+    let trimmed = key.trim();
+    if trimmed.is_empty() {
+        anyhow::bail!(
+            "{from} is {}: give a non-blank key, or leave it unset to serve without one",
+            if key.is_empty() { "empty" } else { "blank" }
+        );
+    }
+    // Clients' keys are compared trimmed, so the configured one is too.
+    Ok(Some(trimmed.to_string()))
+}
+
 /// The model id: the file name without `.gguf`.
 fn default_model_id(path: &Path) -> String {
     path.file_stem()
@@ -98,11 +118,8 @@ impl ClusterView for LocalView {
 
 pub fn run(a: ServeArgs) -> Result<()> {
     let path = resolve_model(a.model.clone())?;
-    let api_key = a
-        .api_key
-        .clone()
-        .or_else(|| std::env::var("WEFT_API_KEY").ok())
-        .filter(|k| !k.is_empty());
+    let api_key = api_key(a.api_key.clone(), std::env::var("WEFT_API_KEY").ok())?;
+    crate::memcheck::check(&path, &a.layout, a.parallel.max(1), a.ctx)?;
     let model_id = a
         .model_id
         .clone()
@@ -152,12 +169,17 @@ pub fn run(a: ServeArgs) -> Result<()> {
             ""
         }
     );
-    println!("listening on http://{addr}");
+    outln!("listening on http://{addr}")?;
     std::io::stdout().flush()?;
     let state = Arc::new(AppState::new(
         engine, tokenizer, template, model_id, api_key, view,
     ));
     runtime
-        .block_on(weft_server::serve(listener, state))
-        .context("serving HTTP")
+        .block_on(weft_server::serve(listener, state.clone()))
+        .context("serving HTTP")?;
+    // Exit non-zero when the engine died, so a supervisor restarts the server.
+    match state.engine.stopped() {
+        Some(why) => Err(anyhow!("the inference engine stopped: {why}")),
+        None => Ok(()),
+    }
 }
