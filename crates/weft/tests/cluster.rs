@@ -5,7 +5,6 @@
 mod common;
 
 use std::io::{BufRead, BufReader};
-use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -15,8 +14,8 @@ use weft_model::synthetic::{synthetic_model, SyntheticSpec};
 use weft_model::Arch;
 
 use common::{
-    assert_same_path, greedy, ids, ok_json, real_model, start_node, weft, Kill, GEMMA3_TOL,
-    LAYOUTS, SYNTHETIC_TOL,
+    assert_same_path, greedy, ids, ok_json, real_model, start_node, synthetic_llama_q8, weft, Kill,
+    GEMMA3_TOL, LAYOUTS, SYNTHETIC_TOL,
 };
 
 /// Long enough to clear the 128-bit floor `weft` holds secrets to; WRONG differs from it.
@@ -77,20 +76,12 @@ fn gemma3_every_layout_matches_one_node() {
     }
 }
 
-fn synthetic_model_path(dir: &Path) -> String {
-    let p = dir.join("llama-q8.gguf");
-    synthetic_model(&SyntheticSpec::small(Arch::Llama, GgmlType::Q8_0))
-        .write_file(&p)
-        .unwrap();
-    p.to_str().unwrap().to_string()
-}
-
 #[test]
 fn a_killed_node_ends_the_request_naming_it_and_the_cluster_recovers() {
     let dir = tempfile::tempdir().unwrap();
     let model = real_model()
         .map(|p| p.to_str().unwrap().to_string())
-        .unwrap_or_else(|| synthetic_model_path(dir.path()));
+        .unwrap_or_else(|| synthetic_llama_q8(dir.path()));
     let (a, addr_a) = start_node("127.0.0.1:0", SECRET);
     let (b, addr_b) = start_node("127.0.0.1:0", SECRET);
     let mut nodes = Kill(vec![a, b]);
@@ -157,7 +148,7 @@ fn a_killed_node_ends_the_request_naming_it_and_the_cluster_recovers() {
 #[test]
 fn a_wrong_secret_is_refused() {
     let dir = tempfile::tempdir().unwrap();
-    let model = synthetic_model_path(dir.path());
+    let model = synthetic_llama_q8(dir.path());
     let (a, addr) = start_node("127.0.0.1:0", SECRET);
     let _nodes = Kill(vec![a]);
     let out = weft(&[
@@ -191,7 +182,7 @@ fn a_wrong_secret_is_refused() {
 #[test]
 fn tp2_across_network_namespaces() {
     let dir = tempfile::tempdir().unwrap();
-    let model = synthetic_model_path(dir.path());
+    let model = synthetic_llama_q8(dir.path());
     let tag = format!("{}", std::process::id() % 10000);
     let Some(net) = Netns::create(&tag) else {
         eprintln!("skipping: cannot create network namespaces here (needs root and iproute2)");

@@ -6,7 +6,6 @@
 mod common;
 
 use std::net::TcpStream;
-use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -16,8 +15,8 @@ use weft_model::synthetic::{synthetic_model, SyntheticSpec};
 use weft_model::Arch;
 
 use common::{
-    assert_same_path, ids, ok_json, real_model, start_node, weft, Kill, GEMMA3_TOL, LAYOUTS,
-    SYNTHETIC_TOL,
+    assert_same_path, ids, ok_json, real_model, start_node, synthetic_llama_q8, weft, Kill,
+    GEMMA3_TOL, LAYOUTS, SYNTHETIC_TOL,
 };
 
 /// A strong cluster secret for the nodes these tests start.
@@ -192,18 +191,10 @@ fn a_node_stalled_during_a_long_prefill_is_named_within_5_s() {
     );
 }
 
-fn synthetic(dir: &Path) -> String {
-    let p = dir.join("llama-q8.gguf");
-    synthetic_model(&SyntheticSpec::small(Arch::Llama, GgmlType::Q8_0))
-        .write_file(&p)
-        .unwrap();
-    p.to_str().unwrap().to_string()
-}
-
 #[test]
 fn silent_connections_do_not_keep_a_coordinator_out() {
     let dir = tempfile::tempdir().unwrap();
-    let model = synthetic(dir.path());
+    let model = synthetic_llama_q8(dir.path());
     let (a, addr) = start_node("127.0.0.1:0", SECRET);
     let _nodes = Kill(vec![a]);
     // 200 connections that never say a word, held open through the run.

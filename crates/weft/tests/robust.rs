@@ -5,7 +5,7 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader, Read};
+use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
@@ -15,7 +15,7 @@ use weft_gguf::GgmlType;
 use weft_model::synthetic::{synthetic_model, SyntheticSpec};
 use weft_model::Arch;
 
-use common::real_model;
+use common::{listening_on, real_model};
 
 /// The id of "g" in the synthetic vocabulary, which tokenizes these prompts letter by
 /// letter: "the dog sat" holds it, "hello world" and what greedy generates from it do not.
@@ -317,15 +317,7 @@ impl Server {
             .stderr(Stdio::piped())
             .spawn()
             .unwrap();
-        let mut line = String::new();
-        BufReader::new(child.stdout.take().unwrap())
-            .read_line(&mut line)
-            .unwrap();
-        let url = line
-            .trim()
-            .strip_prefix("listening on ")
-            .unwrap_or_else(|| panic!("weft serve printed {line:?}"))
-            .to_string();
+        let url = listening_on(&mut child, "weft serve");
         let model = model.file_stem().unwrap().to_string_lossy().into_owned();
         Server { child, url, model }
     }

@@ -8,19 +8,7 @@ mod common;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
-use weft_gguf::GgmlType;
-use weft_model::synthetic::{synthetic_model, SyntheticSpec};
-use weft_model::Arch;
-
-use common::{ids, ok_json, real_model, weft};
-
-fn synthetic(dir: &std::path::Path) -> String {
-    let p = dir.join("llama-q8.gguf");
-    synthetic_model(&SyntheticSpec::small(Arch::Llama, GgmlType::Q8_0))
-        .write_file(&p)
-        .unwrap();
-    p.to_str().unwrap().to_string()
-}
+use common::{ids, ok_json, real_model, synthetic_llama_q8, weft};
 
 fn cores() -> usize {
     weft_kernels::pool::usable_cores()
@@ -29,7 +17,7 @@ fn cores() -> usize {
 #[test]
 fn threads_above_the_cores_are_warned_and_still_decode() {
     let dir = tempfile::tempdir().unwrap();
-    let m = synthetic(dir.path());
+    let m = synthetic_llama_q8(dir.path());
     let n = (cores() + 1).to_string();
     let out = weft(&[
         "run",
@@ -71,7 +59,7 @@ fn threads_above_the_cores_are_warned_and_still_decode() {
 #[test]
 fn an_absurd_thread_count_is_refused() {
     let dir = tempfile::tempdir().unwrap();
-    let m = synthetic(dir.path());
+    let m = synthetic_llama_q8(dir.path());
     let out = weft(&[
         "run",
         "--model",

@@ -150,16 +150,32 @@ pub fn start_node(listen: &str, secret: &str) -> (Child, String) {
         .stderr(Stdio::null())
         .spawn()
         .unwrap();
+    let addr = listening_on(&mut c, "weft node");
+    (c, addr)
+}
+
+/// The address a `weft node` or `weft serve` child printed as its first line.
+pub fn listening_on(c: &mut Child, what: &str) -> String {
     let mut line = String::new();
     BufReader::new(c.stdout.take().unwrap())
         .read_line(&mut line)
         .unwrap();
-    let addr = line
-        .trim()
+    line.trim()
         .strip_prefix("listening on ")
-        .unwrap_or_else(|| panic!("node printed {line:?}"))
-        .to_string();
-    (c, addr)
+        .unwrap_or_else(|| panic!("{what} printed {line:?}"))
+        .to_string()
+}
+
+/// A small synthetic Llama model in Q8_0 written under `dir`; returns its path.
+pub fn synthetic_llama_q8(dir: &std::path::Path) -> String {
+    let p = dir.join("llama-q8.gguf");
+    weft_model::synthetic::synthetic_model(&weft_model::synthetic::SyntheticSpec::small(
+        weft_model::Arch::Llama,
+        weft_gguf::GgmlType::Q8_0,
+    ))
+    .write_file(&p)
+    .unwrap();
+    p.to_str().unwrap().to_string()
 }
 
 /// Child processes killed when dropped.
