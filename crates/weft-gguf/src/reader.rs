@@ -23,9 +23,11 @@ pub struct TensorInfo {
     pub name: String,
     pub dims: Vec<u64>,
     pub ty: GgmlType,
-    /// Offset from the start of the data section.
+    /// Offset from the start of the data section of its part.
     pub offset: u64,
     pub n_bytes: u64,
+    /// Which part of a split model holds the data (0 for a single file).
+    pub part: usize,
 }
 
 impl TensorInfo {
@@ -45,42 +47,54 @@ impl TensorInfo {
     }
 }
 
-enum Backing {
+pub(crate) enum Backing {
     Mapped(Mmap),
     Owned(Vec<u8>),
 }
 
-/// An open GGUF file. Tensor data stays in the page cache until a shard touches it.
+impl Backing {
+    pub(crate) fn bytes(&self) -> &[u8] {
+        match self {
+            Backing::Mapped(m) => m,
+            Backing::Owned(v) => v,
+        }
+    }
+}
+
+/// One file of a (possibly split) model: its image, where its data section starts, and
+/// where its bytes sit in the model's byte space (parts laid end to end).
+pub(crate) struct Part {
+    pub(crate) path: PathBuf,
+    pub(crate) backing: Backing,
+    pub(crate) data_offset: u64,
+    pub(crate) base: usize,
+}
+
+/// An open GGUF model: one file, or every part of one split by llama.cpp's gguf-split.
+/// Tensor data stays in the page cache until a shard touches it.
 pub struct GgufFile {
-    path: PathBuf,
-    backing: Backing,
+    pub(crate) path: PathBuf,
+    pub(crate) backing: Backing,
+    /// Parts after the first, for a split model.
+    pub(crate) more: Vec<Part>,
     pub version: u32,
     pub alignment: u64,
     metadata: Vec<(String, Value)>,
     meta_index: HashMap<String, usize>,
-    tensors: Vec<TensorInfo>,
-    tensor_index: HashMap<String, usize>,
-    data_offset: u64,
+    pub(crate) tensors: Vec<TensorInfo>,
+    pub(crate) tensor_index: HashMap<String, usize>,
+    pub(crate) data_offset: u64,
 }
 
 impl GgufFile {
-    /// Maps and parses `path`.
+    /// Maps and parses `path`; for the first part of a split model
+    /// (`NAME-00001-of-0000N.gguf`) it opens every part.
     pub fn open(path: impl AsRef<Path>) -> Result<Self, GgufError> {
         let path = path.as_ref().to_path_buf();
-        let io = |error| GgufError::Io {
-            path: path.clone(),
-            error,
-        };
-        // Opening a directory succeeds on Linux and mapping it fails with "No such
-        // device"; say what is wrong instead.
-        if path.is_dir() {
-            return Err(io(std::io::ErrorKind::IsADirectory.into()));
-        }
-        let file = File::open(&path).map_err(io)?;
-        // SAFETY: the mapping is read-only; weft never writes model files while serving them.
-        // A file truncated underneath us by another process is outside what we can defend.
-        let map = unsafe { Mmap::map(&file) }.map_err(io)?;
-        Self::parse(path, Backing::Mapped(map))
+        let map = map_file(&path)?;
+        let mut f = Self::parse(path, Backing::Mapped(map))?;
+        crate::split::open_parts(&mut f)?;
+        Ok(f)
     }
 
     /// Parses a file image held in memory (tests, and files received over the network).
@@ -88,15 +102,12 @@ impl GgufFile {
         Self::parse(name.into(), Backing::Owned(bytes))
     }
 
-    fn parse(path: PathBuf, backing: Backing) -> Result<Self, GgufError> {
-        let bytes: &[u8] = match &backing {
-            Backing::Mapped(m) => m,
-            Backing::Owned(v) => v,
-        };
-        match parse_header(bytes) {
+    pub(crate) fn parse(path: PathBuf, backing: Backing) -> Result<Self, GgufError> {
+        match parse_header(backing.bytes()) {
             Ok(h) => Ok(GgufFile {
                 path,
                 backing,
+                more: Vec::new(),
                 version: h.version,
                 alignment: h.alignment,
                 meta_index: h
@@ -123,16 +134,47 @@ impl GgufFile {
         &self.path
     }
 
-    /// The whole file image.
+    /// The first (or only) file's whole image.
     pub fn bytes(&self) -> &[u8] {
-        match &self.backing {
-            Backing::Mapped(m) => m,
-            Backing::Owned(v) => v,
+        self.backing.bytes()
+    }
+
+    /// Bytes of the model's byte space (the parts laid end to end), as `row_range` gives
+    /// them: a range never crosses from one part into the next.
+    pub fn slice(&self, r: Range<usize>) -> &[u8] {
+        match self.more.iter().rev().find(|p| r.start >= p.base) {
+            Some(p) => &p.backing.bytes()[r.start - p.base..r.end - p.base],
+            None => &self.bytes()[r],
         }
     }
 
+    /// Total bytes of every part.
     pub fn file_len(&self) -> u64 {
         self.bytes().len() as u64
+            + self
+                .more
+                .iter()
+                .map(|p| p.backing.bytes().len() as u64)
+                .sum::<u64>()
+    }
+
+    /// Each part's path and length (one entry for a single file).
+    pub fn parts(&self) -> Vec<(&Path, u64)> {
+        std::iter::once((self.path.as_path(), self.bytes().len() as u64))
+            .chain(
+                self.more
+                    .iter()
+                    .map(|p| (p.path.as_path(), p.backing.bytes().len() as u64)),
+            )
+            .collect()
+    }
+
+    /// Where tensor `t`'s data starts in the model's byte space.
+    fn data_base(&self, t: &TensorInfo) -> u64 {
+        match t.part.checked_sub(1).and_then(|i| self.more.get(i)) {
+            Some(p) => p.base as u64 + p.data_offset + t.offset,
+            None => self.data_offset + t.offset,
+        }
     }
 
     /// Wraps a format error with this file's path.
@@ -250,10 +292,10 @@ impl GgufFile {
         self.data_offset
     }
 
-    /// All of one tensor's bytes (validated against the file length at open).
+    /// All of one tensor's bytes (validated against its part's length at open).
     pub fn tensor_bytes(&self, t: &TensorInfo) -> &[u8] {
-        let start = (self.data_offset + t.offset) as usize;
-        &self.bytes()[start..start + t.n_bytes as usize]
+        let start = self.data_base(t) as usize;
+        self.slice(start..start + t.n_bytes as usize)
     }
 
     /// Absolute byte range in the file of rows `rows` of a tensor: a row-split shard.
@@ -265,7 +307,7 @@ impl GgufFile {
             }));
         }
         let rb = t.row_bytes();
-        let base = (self.data_offset + t.offset) as usize;
+        let base = self.data_base(t) as usize;
         Ok(base + rows.start * rb..base + rows.end * rb)
     }
 
@@ -297,13 +339,30 @@ impl GgufFile {
             cols.start / bs * t.ty.type_size(),
             cols.end / bs * t.ty.type_size(),
         );
-        let src = &self.bytes()[range];
+        let src = self.slice(range);
         let mut out = Vec::with_capacity(rows.len() * (b1 - b0));
         for row in src.chunks_exact(rb) {
             out.extend_from_slice(&row[b0..b1]);
         }
         Ok(out)
     }
+}
+
+/// Maps a model file read-only, naming it in every error.
+pub(crate) fn map_file(path: &Path) -> Result<Mmap, GgufError> {
+    let io = |error| GgufError::Io {
+        path: path.to_path_buf(),
+        error,
+    };
+    // Opening a directory succeeds on Linux and mapping it fails with "No such device";
+    // say what is wrong instead.
+    if path.is_dir() {
+        return Err(io(std::io::ErrorKind::IsADirectory.into()));
+    }
+    let file = File::open(path).map_err(io)?;
+    // SAFETY: the mapping is read-only; weft never writes model files while serving them.
+    // A file truncated underneath us by another process is outside what we can defend.
+    unsafe { Mmap::map(&file) }.map_err(io)
 }
 
 struct Header {
@@ -479,6 +538,7 @@ fn parse_header(buf: &[u8]) -> Result<Header, FormatError> {
             ty,
             offset,
             n_bytes,
+            part: 0,
         });
     }
     let data_offset = (c.pos as u64).div_ceil(alignment) * alignment;

@@ -39,7 +39,7 @@ fn round_trip() {
     let bytes = f.tensor_bytes(w);
     assert_eq!(bytes[5], 5);
     let r = f.row_range(w, 1..3).unwrap();
-    assert_eq!(&f.bytes()[r][0], &(256u32 as u8));
+    assert_eq!(&f.slice(r)[0], &(256u32 as u8));
     let cols = f.copy_columns(w, 0..3, 1..3).unwrap();
     assert_eq!(cols.len(), 3 * 8);
     assert_eq!(cols[0], 4);
@@ -165,4 +165,89 @@ fn typed_getters_name_the_key() {
     let e = f.get_str("nope").err().unwrap();
     assert!(e.to_string().contains("'nope' is missing"), "{e}");
     assert_eq!(f.get_u64_or("nope", 9).unwrap(), 9);
+}
+
+/// `sample()` with more tensors, cut into parts of `per` tensors named as gguf-split names
+/// them under `dir`; returns the first part's path and the uncut file.
+fn write_split(dir: &std::path::Path, per: usize) -> (std::path::PathBuf, GgufFile) {
+    let mut w = sample();
+    w.add_tensor(
+        "x",
+        &[32, 4],
+        GgmlType::Q8_0,
+        (0..136).map(|i| i as u8).collect(),
+    );
+    w.add_tensor("y", &[16], GgmlType::F32, vec![9u8; 64]);
+    let whole = parse(w.to_bytes()).unwrap();
+    let parts = w.split(per);
+    let n = parts.len();
+    for (i, p) in parts.iter().enumerate() {
+        p.write_file(&dir.join(format!("m-{:05}-of-{n:05}.gguf", i + 1)))
+            .unwrap();
+    }
+    (dir.join(format!("m-00001-of-{n:05}.gguf")), whole)
+}
+
+#[test]
+fn a_split_model_opens_from_its_first_part_with_the_same_bytes() {
+    let dir = tempfile::tempdir().unwrap();
+    let (first, whole) = write_split(dir.path(), 1);
+    let f = GgufFile::open(&first).unwrap();
+    assert_eq!(f.parts().len(), 4);
+    assert_eq!(f.tensors().len(), whole.tensors().len());
+    assert_eq!(f.get_str("general.architecture").unwrap(), "llama");
+    for t in whole.tensors() {
+        let s = f.tensor(&t.name).unwrap();
+        assert_eq!(f.tensor_bytes(s), whole.tensor_bytes(t), "{}", t.name);
+        let rows = 1..s.n_rows();
+        assert_eq!(
+            f.slice(f.row_range(s, rows.clone()).unwrap()),
+            whole.slice(whole.row_range(t, rows).unwrap())
+        );
+    }
+    assert_eq!(f.tensor("y").unwrap().part, 3);
+}
+
+#[test]
+fn a_missing_or_foreign_part_is_named() {
+    let dir = tempfile::tempdir().unwrap();
+    let (first, _) = write_split(dir.path(), 2);
+    // Opening a later part says which one to open.
+    let e = open_err(&dir.path().join("m-00002-of-00002.gguf"));
+    assert!(
+        e.contains("part 2 of 2") && e.contains("m-00001-of-00002.gguf"),
+        "{e}"
+    );
+    // A part of another model's split (another tensor count) is refused by name.
+    let mut parts = {
+        let mut o = GgufWriter::new();
+        o.add_tensor("a", &[16], GgmlType::F32, vec![0u8; 64]);
+        o.add_tensor("b", &[16], GgmlType::F32, vec![0u8; 64]);
+        o.add_tensor("c", &[16], GgmlType::F32, vec![0u8; 64]);
+        o.split(2)
+    };
+    parts
+        .pop()
+        .unwrap()
+        .write_file(&dir.path().join("m-00002-of-00002.gguf"))
+        .unwrap();
+    let e = open_err(&first);
+    assert!(
+        e.contains("m-00002-of-00002.gguf") && e.contains("split.tensors.count"),
+        "{e}"
+    );
+    // A missing part is named with its number.
+    std::fs::remove_file(dir.path().join("m-00002-of-00002.gguf")).unwrap();
+    let e = open_err(&first);
+    assert!(
+        e.contains("m-00002-of-00002.gguf") && e.contains("part 2 of 2"),
+        "{e}"
+    );
+}
+
+fn open_err(p: &std::path::Path) -> String {
+    match GgufFile::open(p) {
+        Ok(_) => panic!("{} opened", p.display()),
+        Err(e) => e.to_string(),
+    }
 }

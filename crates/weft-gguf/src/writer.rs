@@ -76,6 +76,26 @@ impl GgufWriter {
     }
 
     /// Serialises the file into a byte vector.
+    /// This model cut as llama.cpp's `gguf-split --split-max-tensors N` cuts it: the first
+    /// part keeps every metadata key, each part gets `split.no`, `split.count` (u16) and
+    /// `split.tensors.count` (i32), and tensors go to the parts in order, `max_tensors`
+    /// to a part.
+    pub fn split(self, max_tensors: usize) -> Vec<GgufWriter> {
+        let n = self.tensors.len();
+        let count = n.div_ceil(max_tensors.max(1)).max(1);
+        let mut parts: Vec<GgufWriter> = (0..count).map(|_| GgufWriter::new()).collect();
+        parts[0].metadata = self.metadata;
+        for (i, p) in parts.iter_mut().enumerate() {
+            p.set(crate::split::KEY_SPLIT_NO, Value::U16(i as u16));
+            p.set(crate::split::KEY_SPLIT_COUNT, Value::U16(count as u16));
+            p.set(crate::split::KEY_SPLIT_TENSORS, Value::I32(n as i32));
+        }
+        for (i, t) in self.tensors.into_iter().enumerate() {
+            parts[i / max_tensors.max(1)].tensors.push(t);
+        }
+        parts
+    }
+
     pub fn to_bytes(&self) -> Vec<u8> {
         let mut out = Vec::new();
         self.write_to(&mut out)

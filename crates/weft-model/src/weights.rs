@@ -132,7 +132,7 @@ impl Linear {
 
     pub fn bytes(&self) -> &[u8] {
         match &self.bytes {
-            Bytes::Mapped { file, range } => &file.bytes()[range.clone()],
+            Bytes::Mapped { file, range } => file.slice(range.clone()),
             Bytes::Owned(v) => v,
         }
     }
@@ -288,7 +288,7 @@ impl Embedding {
                 n_vocab: self.n_vocab,
             });
         }
-        let bytes = &self.file.bytes()[self.range.clone()];
+        let bytes = self.file.slice(self.range.clone());
         let row = &bytes[id * self.row_bytes..(id + 1) * self.row_bytes];
         quant::dequantize_row(self.ty, row, &mut out[..self.n_embd]);
         if scale != 1.0 {

@@ -17,6 +17,18 @@ pub fn run(model: Option<PathBuf>, tensors: bool, check: bool, all: bool) -> Res
         f.tensors().len(),
         f.metadata().len()
     )?;
+    let parts = f.parts();
+    if parts.len() > 1 {
+        outln!("  split in {} parts:", parts.len())?;
+        for (i, (p, len)) in parts.iter().enumerate() {
+            let held = f.tensors().iter().filter(|t| t.part == i).count();
+            outln!(
+                "    {}: {} ({len} bytes, {held} tensors)",
+                i + 1,
+                p.display()
+            )?;
+        }
+    }
     for (k, v) in f.metadata() {
         let shown = match v {
             Value::String(s) if s.len() > 120 => format!(
@@ -29,7 +41,18 @@ pub fn run(model: Option<PathBuf>, tensors: bool, check: bool, all: bool) -> Res
     }
     if tensors {
         for t in f.tensors() {
-            outln!("  {} {:?} {} ({} bytes)", t.name, t.dims, t.ty, t.n_bytes)?;
+            let part = if parts.len() > 1 {
+                format!(", part {}", t.part + 1)
+            } else {
+                String::new()
+            };
+            outln!(
+                "  {} {:?} {} ({} bytes{part})",
+                t.name,
+                t.dims,
+                t.ty,
+                t.n_bytes
+            )?;
         }
     }
     if check {
