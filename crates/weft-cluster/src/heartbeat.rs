@@ -20,6 +20,8 @@ use serde::{Deserialize, Serialize};
 
 /// How often each side says it is alive.
 pub const BEAT_EVERY: Duration = Duration::from_millis(250);
+/// The longest one control write may block on a peer that does not read.
+const WRITE_TIMEOUT: Duration = Duration::from_secs(5);
 /// Control messages are small; anything longer is refused.
 const MAX_MESSAGE: usize = 1 << 20;
 
@@ -37,6 +39,9 @@ enum Envelope<T> {
 pub struct ControlLink<In, Out> {
     peer: String,
     writer: Arc<Mutex<TcpStream>>,
+    /// A handle to shut the socket down without the writer's lock, which a blocked write
+    /// may hold.
+    closer: TcpStream,
     messages: Receiver<In>,
     /// Why the reader stopped (EOF, malformed message), once it has.
     ended: Arc<Mutex<Option<String>>>,
@@ -110,6 +115,13 @@ where
         reader
             .set_read_timeout(None)
             .map_err(|e| format!("control connection to {peer}: {e}"))?;
+        // A peer that stops reading must not block a writer (and its lock) for ever.
+        stream
+            .set_write_timeout(Some(WRITE_TIMEOUT))
+            .map_err(|e| format!("control connection to {peer}: {e}"))?;
+        let closer = stream
+            .try_clone()
+            .map_err(|e| format!("control connection to {peer}: {e}"))?;
         let writer = Arc::new(Mutex::new(stream));
         let (tx, messages) = mpsc::channel();
         let ended = Arc::new(Mutex::new(None));
@@ -175,6 +187,7 @@ where
         Ok(ControlLink {
             peer,
             writer,
+            closer,
             messages,
             ended,
             epoch,
@@ -242,9 +255,7 @@ where
 impl<In, Out> Drop for ControlLink<In, Out> {
     fn drop(&mut self) {
         self.stop.store(true, Ordering::Relaxed);
-        if let Ok(w) = self.writer.lock() {
-            let _ = w.shutdown(Shutdown::Both);
-        }
+        let _ = self.closer.shutdown(Shutdown::Both);
         for t in self.threads.drain(..) {
             t.thread().unpark();
             let _ = t.join();

@@ -165,8 +165,19 @@ fn accept_loop(
             .name("weft-handshake".into())
             .spawn(move || {
                 let proved = control::accept(&mut stream, &secret, HANDSHAKE_TIMEOUT);
-                if let Ok(mut p) = pending.lock() {
-                    p.retain(|(i, _)| *i != id);
+                // Leave the pending list; if we are no longer on it, the accept loop
+                // evicted (shut down) this connection, whatever the handshake said.
+                let evicted = match pending.lock() {
+                    Ok(mut p) => {
+                        let before = p.len();
+                        p.retain(|(i, _)| *i != id);
+                        p.len() == before
+                    }
+                    Err(_) => true,
+                };
+                if evicted {
+                    tracing::debug!("connection from {from} was evicted during its handshake");
+                    return;
                 }
                 if let Err(e) = proved {
                     if e.contains("secret") {

@@ -558,9 +558,13 @@ impl Group {
         buf: &mut [u8],
         timeout: Duration,
     ) -> Result<(), CommError> {
-        // An idle wait (longer than the group's timeout) has no patience to add.
+        // An idle wait (longer than the group's timeout) lasts while the group is heard
+        // from: a coordinator whose host lost power sends no FIN, but falls silent.
         let mut deadline = if timeout > self.opts.timeout {
-            Deadline::after(timeout)
+            match &self.opts.liveness {
+                Some(l) => Deadline::patient(self.opts.timeout, Some(l), self.rank, timeout),
+                None => Deadline::after(timeout),
+            }
         } else {
             self.deadline(timeout)
         };

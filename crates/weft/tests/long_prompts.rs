@@ -230,3 +230,49 @@ fn silent_connections_do_not_keep_a_coordinator_out() {
     assert!(took < Duration::from_secs(10), "{took:?}");
     drop(silent);
 }
+
+#[test]
+fn a_coordinator_that_falls_silent_frees_its_node() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = synthetic_llama_q8(dir.path());
+    let (a, addr) = start_node("127.0.0.1:0", SECRET);
+    let _nodes = Kill(vec![a]);
+    // A serving coordinator holds the node's session between requests.
+    let mut serve = Command::new(env!("CARGO_BIN_EXE_weft"))
+        .args(["serve", "--port", "0", "--model", &model, "-t", "1"])
+        .args(["--peers", &addr, "--secret", SECRET])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    common::listening_on(&mut serve, "weft serve");
+    // Stopped, its sockets stay open (no FIN), as when its host loses power.
+    let pid = serve.id().to_string();
+    assert!(Command::new("kill")
+        .args(["-STOP", &pid])
+        .status()
+        .unwrap()
+        .success());
+    std::thread::sleep(Duration::from_secs(4));
+    let out = weft(&[
+        "run",
+        "--model",
+        &model,
+        "--prompt",
+        "hi",
+        "-n",
+        "2",
+        "--temperature",
+        "0",
+        "--json",
+        "--peers",
+        &addr,
+        "--secret",
+        SECRET,
+    ]);
+    let _ = Command::new("kill").args(["-CONT", &pid]).status();
+    let _ = serve.kill();
+    let _ = serve.wait();
+    let v = ok_json(&out);
+    assert_eq!(ids(&v, "token_ids").len(), 2);
+}
