@@ -114,7 +114,8 @@ pub fn router(state: Arc<AppState>) -> Router {
 }
 
 /// Serves until ctrl-c, SIGTERM, or shortly after the batcher thread dies (the caller
-/// then finds `engine.stopped()` set and exits non-zero); samples the decode rate every half second for `/v1/cluster`.
+/// then finds `engine.stopped()` set and exits non-zero); samples the decode rate every
+/// half second for `/v1/cluster`.
 pub async fn serve(listener: TcpListener, state: Arc<AppState>) -> std::io::Result<()> {
     let sampler = state.clone();
     tokio::spawn(async move {

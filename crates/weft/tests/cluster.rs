@@ -14,8 +14,8 @@ use weft_model::synthetic::{synthetic_model, SyntheticSpec};
 use weft_model::Arch;
 
 use common::{
-    assert_same_path, greedy, ids, ok_json, real_model, start_node, synthetic_llama_q8, weft, Kill,
-    GEMMA3_TOL, LAYOUTS, SYNTHETIC_TOL,
+    assert_same_path, greedy, ids, ok_json, real_model, run_on_peers, start_node,
+    synthetic_llama_q8, weft, Kill, GEMMA3_TOL, LAYOUTS, SYNTHETIC_TOL,
 };
 
 /// Long enough to clear the 128-bit floor `weft` holds secrets to; WRONG differs from it.
@@ -158,23 +158,7 @@ fn a_wrong_secret_is_refused() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("secret") && err.contains(&addr), "{err}");
     // The node is still up and serves the right secret.
-    let ok = weft(&[
-        "run",
-        "--model",
-        &model,
-        "--prompt",
-        "hi",
-        "-n",
-        "2",
-        "--temperature",
-        "0",
-        "--json",
-        "--peers",
-        &addr,
-        "--secret",
-        SECRET,
-    ]);
-    ok_json(&ok);
+    ok_json(&run_on_peers(&model, &addr, SECRET));
 }
 
 /// Two nodes in their own network namespaces (veth pairs on a bridge, own addresses) run a

@@ -15,8 +15,8 @@ use weft_model::synthetic::{synthetic_model, SyntheticSpec};
 use weft_model::Arch;
 
 use common::{
-    assert_same_path, ids, ok_json, real_model, start_node, synthetic_llama_q8, weft, Kill,
-    GEMMA3_TOL, LAYOUTS, SYNTHETIC_TOL,
+    assert_same_path, ids, ok_json, real_model, run_on_peers, start_node, synthetic_llama_q8, weft,
+    Kill, GEMMA3_TOL, LAYOUTS, SYNTHETIC_TOL,
 };
 
 /// A strong cluster secret for the nodes these tests start.
@@ -202,22 +202,7 @@ fn silent_connections_do_not_keep_a_coordinator_out() {
         .map(|_| TcpStream::connect(&addr).unwrap())
         .collect();
     let t = Instant::now();
-    let out = weft(&[
-        "run",
-        "--model",
-        &model,
-        "--prompt",
-        "hi",
-        "-n",
-        "2",
-        "--temperature",
-        "0",
-        "--json",
-        "--peers",
-        &addr,
-        "--secret",
-        SECRET,
-    ]);
+    let out = run_on_peers(&model, &addr, SECRET);
     let took = t.elapsed();
     let v = ok_json(&out);
     // The coordinator's connection and setup (handshake, plan, load of a tiny model):
@@ -254,22 +239,7 @@ fn a_coordinator_that_falls_silent_frees_its_node() {
         .unwrap()
         .success());
     std::thread::sleep(Duration::from_secs(4));
-    let out = weft(&[
-        "run",
-        "--model",
-        &model,
-        "--prompt",
-        "hi",
-        "-n",
-        "2",
-        "--temperature",
-        "0",
-        "--json",
-        "--peers",
-        &addr,
-        "--secret",
-        SECRET,
-    ]);
+    let out = run_on_peers(&model, &addr, SECRET);
     let _ = Command::new("kill").args(["-CONT", &pid]).status();
     let _ = serve.kill();
     let _ = serve.wait();

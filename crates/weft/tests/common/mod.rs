@@ -188,3 +188,23 @@ impl Drop for Kill {
         }
     }
 }
+
+/// Two greedy tokens of `model` over running nodes `peers` (JSON on stdout).
+pub fn run_on_peers(model: &str, peers: &str, secret: &str) -> Output {
+    weft(&[
+        "run",
+        "--model",
+        model,
+        "--prompt",
+        "hi",
+        "-n",
+        "2",
+        "--temperature",
+        "0",
+        "--json",
+        "--peers",
+        peers,
+        "--secret",
+        secret,
+    ])
+}
