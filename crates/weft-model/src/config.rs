@@ -11,6 +11,7 @@ pub enum Arch {
     Mistral,
     Qwen2,
     Qwen3,
+    Qwen3Moe,
 }
 
 impl Arch {
@@ -21,6 +22,7 @@ impl Arch {
             "mistral" => Arch::Mistral,
             "qwen2" => Arch::Qwen2,
             "qwen3" => Arch::Qwen3,
+            "qwen3moe" => Arch::Qwen3Moe,
             _ => return None,
         })
     }
@@ -32,10 +34,11 @@ impl Arch {
             Arch::Mistral => "mistral",
             Arch::Qwen2 => "qwen2",
             Arch::Qwen3 => "qwen3",
+            Arch::Qwen3Moe => "qwen3moe",
         }
     }
 
-    pub const SUPPORTED: &'static str = "gemma3, llama, mistral, qwen2, qwen3";
+    pub const SUPPORTED: &'static str = "gemma3, llama, mistral, qwen2, qwen3, qwen3moe";
 }
 
 /// Everything the forward pass needs to know about the model's shape.
@@ -68,6 +71,24 @@ pub struct ModelConfig {
     pub post_norms: bool,
     pub qkv_bias: bool,
     pub tied_output: bool,
+    /// Mixture-of-experts shape, for architectures with routed experts.
+    pub moe: Option<MoeConfig>,
+}
+
+/// Most experts a token may be routed to (no released model routes to more than a few
+/// dozen; the bound keeps the decode path's scratch on the stack).
+pub const MAX_TOP_K: usize = 64;
+
+/// The routed experts of a mixture-of-experts model (the same in every MoE layer).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct MoeConfig {
+    pub n_expert: usize,
+    /// Experts each token is routed to (top-k).
+    pub n_expert_used: usize,
+    /// Intermediate size of one expert's FFN.
+    pub n_ff_exp: usize,
+    /// Whether the top-k router weights are renormalised to sum to 1.
+    pub norm_topk: bool,
 }
 
 impl ModelConfig {
@@ -92,8 +113,13 @@ impl ModelConfig {
             Some(_) => us("attention.key_length")?,
             None => n_embd.checked_div(n_head).unwrap_or(0),
         };
-        let n_ff = us("feed_forward_length")?;
         let bad = |key: String, detail: String| f.err(FormatError::BadValue { key, detail });
+        let moe = moe_config(f, arch_name)?;
+        // An all-MoE model may omit the dense FFN size; its dense FFN range is then unused.
+        let n_ff = match (f.get(&k("feed_forward_length")), moe) {
+            (None, Some(m)) => m.n_ff_exp,
+            _ => us("feed_forward_length")?,
+        };
         if n_embd == 0
             || n_layer == 0
             || n_head == 0
@@ -205,7 +231,7 @@ impl ModelConfig {
             eps,
             rope_style: match arch {
                 Arch::Llama | Arch::Mistral => RopeStyle::Normal,
-                Arch::Gemma3 | Arch::Qwen2 | Arch::Qwen3 => RopeStyle::Neox,
+                Arch::Gemma3 | Arch::Qwen2 | Arch::Qwen3 | Arch::Qwen3Moe => RopeStyle::Neox,
             },
             n_rot,
             rope_base,
@@ -225,6 +251,7 @@ impl ModelConfig {
             post_norms: gemma,
             qkv_bias: f.has_tensor("blk.0.attn_q.bias"),
             tied_output: !f.has_tensor("output.weight"),
+            moe,
         };
         Ok(cfg)
     }
@@ -235,6 +262,59 @@ impl ModelConfig {
     pub fn kv_dim(&self) -> usize {
         self.n_head_kv * self.head_dim
     }
+}
+
+/// `{arch}.expert_count` and friends, checked: `None` when the file declares no experts.
+fn moe_config(f: &GgufFile, arch_name: &str) -> Result<Option<MoeConfig>, GgufError> {
+    let k = |s: &str| format!("{arch_name}.{s}");
+    let bad = |key: String, detail: String| f.err(FormatError::BadValue { key, detail });
+    let declared = f.get(&k("expert_count")).is_some();
+    if !declared {
+        if arch_name == "qwen3moe" {
+            return Err(bad(
+                k("expert_count"),
+                "missing: a qwen3moe model must declare its experts".into(),
+            ));
+        }
+        return Ok(None);
+    }
+    let n_expert = f.get_u64(&k("expert_count"))? as usize;
+    if n_expert == 0 {
+        return Err(bad(k("expert_count"), "0 experts: must be at least 1".into()));
+    }
+    // llama.cpp's limit (LLAMA_MAX_EXPERTS); also bounds the router's scratch.
+    const MAX_EXPERTS: usize = 512;
+    if n_expert > MAX_EXPERTS {
+        return Err(bad(
+            k("expert_count"),
+            format!("{n_expert} experts exceed the limit of {MAX_EXPERTS}"),
+        ));
+    }
+    let n_expert_used = f.get_u64(&k("expert_used_count"))? as usize;
+    if n_expert_used == 0 || n_expert_used > n_expert.min(MAX_TOP_K) {
+        return Err(bad(
+            k("expert_used_count"),
+            format!(
+                "{n_expert_used} experts per token: must be 1..={} (expert_count {n_expert}, limit {MAX_TOP_K})",
+                n_expert.min(MAX_TOP_K)
+            ),
+        ));
+    }
+    let n_ff_exp = f.get_u64(&k("expert_feed_forward_length"))? as usize;
+    if n_ff_exp == 0 {
+        return Err(bad(
+            k("expert_feed_forward_length"),
+            "0: an expert needs a positive FFN size".into(),
+        ));
+    }
+    // qwen3moe renormalises the top-k weights (llama.cpp passes norm_w = true).
+    let norm_topk = f.get_bool_or(&k("expert_weights_norm"), true)?;
+    Ok(Some(MoeConfig {
+        n_expert,
+        n_expert_used,
+        n_ff_exp,
+        norm_topk,
+    }))
 }
 
 /// Gemma 3 alternates sliding-window and global layers; llama-family models may set a

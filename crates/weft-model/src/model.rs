@@ -13,6 +13,7 @@ use crate::collective::Collective;
 use crate::config::ModelConfig;
 use crate::error::ModelError;
 use crate::kv::KvCache;
+use crate::moe::{MoeFfn, MoeIo, MoeScratch};
 use crate::rows::{for_each_chunk, for_each_row, linear, linears_of_one_input, SendPtr};
 use crate::shard::{Granularity, ShardSpec};
 use crate::weights::{load_vector, Embedding, Linear};
@@ -32,11 +33,44 @@ struct Layer {
     wo: Linear,
     post_attn_norm: Option<Vec<f32>>,
     ffn_norm: Vec<f32>,
-    gate: Linear,
-    up: Linear,
-    down: Linear,
+    ffn: Ffn,
     post_ffw_norm: Option<Vec<f32>>,
     window: Option<usize>,
+}
+
+/// A layer's feed-forward block: dense (gate and up column-parallel, down row-parallel)
+/// or routed experts; both leave partial sums for the one all-reduce after the block.
+enum Ffn {
+    Dense {
+        gate: Linear,
+        up: Linear,
+        down: Linear,
+    },
+    Moe(Box<MoeFfn>),
+}
+
+impl Ffn {
+    fn linears(&self) -> Box<dyn Iterator<Item = &Linear> + '_> {
+        match self {
+            Ffn::Dense { gate, up, down } => Box::new([gate, up, down].into_iter()),
+            Ffn::Moe(m) => Box::new(m.linears()),
+        }
+    }
+
+    /// Weight bytes read for one decoded token (routed experts: the expected share).
+    fn active_bytes(&self) -> usize {
+        match self {
+            Ffn::Dense { .. } => self.linears().map(|w| w.n_bytes()).sum(),
+            Ffn::Moe(m) => m.active_bytes(),
+        }
+    }
+
+    fn total_bytes(&self) -> usize {
+        match self {
+            Ffn::Dense { .. } => self.linears().map(|w| w.n_bytes()).sum(),
+            Ffn::Moe(m) => m.total_bytes(),
+        }
+    }
 }
 
 /// Which tokens' logits a forward call returns.
@@ -62,6 +96,8 @@ struct Workspace {
     up: Vec<f32>,
     acts: Vec<u8>,
     tile: Vec<f32>,
+    /// Routing and expert buffers (MoE models only).
+    moe: Option<MoeScratch>,
     /// Per token row of the step: its position and the index of its sequence's cache.
     row_pos: Vec<usize>,
     row_seq: Vec<usize>,
@@ -86,16 +122,24 @@ pub struct Model {
 /// Split granularity of a file's weights (attn_output and ffn_down are split on blocks).
 pub fn granularity(file: &GgufFile, cfg: &ModelConfig) -> Result<Granularity, ModelError> {
     let bs = |name: &str| -> Result<usize, ModelError> { Ok(file.tensor(name)?.ty.block_size()) };
-    let mut heads = 1;
-    let mut ffn = 1;
+    let (mut heads, mut ffn, mut expert_ffn) = (1, 1, 1);
     for il in 0..cfg.n_layer {
         let ob = bs(&format!("blk.{il}.attn_output.weight"))?;
         let per_head = cfg.head_dim;
         let lcm = num_lcm(ob, per_head) / per_head;
         heads = num_lcm(heads, lcm);
-        ffn = num_lcm(ffn, bs(&format!("blk.{il}.ffn_down.weight"))?);
+        let experts = format!("blk.{il}.ffn_down_exps.weight");
+        if file.has_tensor(&experts) {
+            expert_ffn = num_lcm(expert_ffn, bs(&experts)?);
+        } else {
+            ffn = num_lcm(ffn, bs(&format!("blk.{il}.ffn_down.weight"))?);
+        }
     }
-    Ok(Granularity { heads, ffn })
+    Ok(Granularity {
+        heads,
+        ffn,
+        expert_ffn,
+    })
 }
 
 fn num_lcm(a: usize, b: usize) -> usize {
@@ -127,7 +171,7 @@ impl Model {
         let ubatch = ubatch.max(1);
         validate_shard(&cfg, &shard)?;
         let hd = cfg.head_dim;
-        let (e, ff) = (cfg.n_embd, cfg.n_ff);
+        let e = cfg.n_embd;
         let kv_heads = shard.kv_heads(&cfg);
         let q_rows = shard.heads.start * hd..shard.heads.end * hd;
         let kv_rows = kv_heads.start * hd..kv_heads.end * hd;
@@ -170,16 +214,7 @@ impl Model {
                 )?,
                 post_attn_norm,
                 ffn_norm: load_vector(f, &n("ffn_norm.weight"), e)?,
-                gate: Linear::load_rows(f, &n("ffn_gate.weight"), e, ff, shard.ffn.clone())?,
-                up: Linear::load_rows(f, &n("ffn_up.weight"), e, ff, shard.ffn.clone())?,
-                down: Linear::load_cols(
-                    f,
-                    &n("ffn_down.weight"),
-                    ff,
-                    e,
-                    shard.ffn.clone(),
-                    first_rank,
-                )?,
+                ffn: load_ffn(f, il, &cfg, &shard)?,
                 post_ffw_norm,
                 window: cfg.window[il],
             });
@@ -206,15 +241,27 @@ impl Model {
         progress(total, total);
         let q_local = shard.heads.len() * hd;
         let kv_local = kv_heads.len() * hd;
-        let ff_local = shard.ffn.len();
+        let ff_local = layers
+            .iter()
+            .map(|l| match &l.ffn {
+                Ffn::Dense { gate, .. } => gate.n_out,
+                Ffn::Moe(m) => m.n_ff_local,
+            })
+            .max()
+            .unwrap_or(0);
         let widest_out = e.max(q_local).max(ff_local).max(kv_local);
         let act_row = layers
             .iter()
-            .flat_map(|l| [&l.wq, &l.wk, &l.wv, &l.wo, &l.gate, &l.up, &l.down])
+            .flat_map(|l| [&l.wq, &l.wk, &l.wv, &l.wo].into_iter().chain(l.ffn.linears()))
             .chain(head.iter())
             .map(|w| w.act_bytes())
             .max()
             .unwrap_or(0);
+        let top_k = cfg.moe.map_or(0, |m| m.n_expert_used);
+        let moe = cfg.moe.map(|m| {
+            let held = shard.experts.len();
+            MoeScratch::new(ubatch, e, m, held, shard.expert_ffn.len())
+        });
         let ws = Workspace {
             x: vec![0.0; ubatch * e],
             xn: vec![0.0; ubatch * e],
@@ -225,8 +272,9 @@ impl Model {
             o: vec![0.0; ubatch * e],
             gate: vec![0.0; ubatch * ff_local],
             up: vec![0.0; ubatch * ff_local],
-            acts: vec![0; ubatch.max(HEAD_GROUP) * act_row],
+            acts: vec![0; ubatch.max(HEAD_GROUP).max(2 * top_k) * act_row],
             tile: vec![0.0; ubatch * widest_out],
+            moe,
             row_pos: vec![0; ubatch],
             row_seq: vec![0; ubatch],
         };
@@ -269,19 +317,39 @@ impl Model {
         self.shard.vocab.clone()
     }
 
-    /// Bytes of weights this shard reads per decoded token.
+    /// Bytes of weights this shard reads per decoded token: for routed experts, the
+    /// router and the expected share of the k experts a token uses (active parameters).
     pub fn weight_bytes_per_token(&self) -> usize {
+        self.layer_bytes(Ffn::active_bytes)
+    }
+
+    /// Bytes of every weight this shard holds (all its experts, not only the active).
+    pub fn total_weight_bytes(&self) -> usize {
+        self.layer_bytes(Ffn::total_bytes)
+    }
+
+    fn layer_bytes(&self, ffn: fn(&Ffn) -> usize) -> usize {
         let l: usize = self
             .layers
             .iter()
             .map(|l| {
-                [&l.wq, &l.wk, &l.wv, &l.wo, &l.gate, &l.up, &l.down]
+                [&l.wq, &l.wk, &l.wv, &l.wo]
                     .iter()
                     .map(|w| w.n_bytes())
                     .sum::<usize>()
+                    + ffn(&l.ffn)
             })
             .sum();
         l + self.head.as_ref().map(|h| h.n_bytes()).unwrap_or(0)
+    }
+
+    /// Expert weight bytes read since the last call (MoE models; 0 otherwise): what a
+    /// bench divides by the tokens decoded to show bytes read per token.
+    pub fn take_expert_bytes_read(&mut self) -> u64 {
+        self.ws
+            .moe
+            .as_mut()
+            .map_or(0, |s| std::mem::take(&mut s.bytes_read))
     }
 
     /// A KV cache for one sequence of up to `n_ctx` tokens.
@@ -555,32 +623,49 @@ impl Model {
         )?;
 
         // MLP block.
-        let fl = layer.gate.n_out;
         norm_rows(pool, &ws.x, &mut ws.xn, e, m, &layer.ffn_norm, cfg.eps);
-        linears_of_one_input(
-            pool,
-            &ws.xn,
-            e,
-            m,
-            &mut [(&layer.gate, &mut ws.gate[..]), (&layer.up, &mut ws.up[..])],
-            &mut ws.acts,
-            &mut ws.tile,
-        );
-        let (up, gelu) = (&ws.up, cfg.gelu);
-        for_each_chunk(pool, &mut ws.gate[..m * fl], 64, &|r, g| {
-            ops::gated_activation(g, &up[r], gelu)
-        });
-        linear(
-            pool,
-            &layer.down,
-            &ws.gate,
-            fl,
-            m,
-            &mut ws.o,
-            e,
-            &mut ws.acts,
-            &mut ws.tile,
-        );
+        match &layer.ffn {
+            Ffn::Dense { gate, up, down } => {
+                let fl = gate.n_out;
+                linears_of_one_input(
+                    pool,
+                    &ws.xn,
+                    e,
+                    m,
+                    &mut [(gate, &mut ws.gate[..]), (up, &mut ws.up[..])],
+                    &mut ws.acts,
+                    &mut ws.tile,
+                );
+                let (upv, gelu) = (&ws.up, cfg.gelu);
+                for_each_chunk(pool, &mut ws.gate[..m * fl], 64, &|r, g| {
+                    ops::gated_activation(g, &upv[r], gelu)
+                });
+                linear(
+                    pool,
+                    down,
+                    &ws.gate,
+                    fl,
+                    m,
+                    &mut ws.o,
+                    e,
+                    &mut ws.acts,
+                    &mut ws.tile,
+                );
+            }
+            Ffn::Moe(moe) => {
+                let s = ws.moe.as_mut().ok_or_else(|| {
+                    ModelError::Invalid("a MoE layer in a model without MoE scratch".into())
+                })?;
+                let io = MoeIo {
+                    xn: &ws.xn,
+                    o: &mut ws.o,
+                    acts: &mut ws.acts,
+                    tile: &mut ws.tile,
+                    s,
+                };
+                moe.forward(pool, io, e, m);
+            }
+        }
         reduce_into_residual(
             coll,
             pool,
@@ -639,6 +724,41 @@ impl Model {
     }
 }
 
+/// Layer `il`'s FFN: routed experts where the file has a router for the layer, else dense.
+fn load_ffn(
+    f: &Arc<GgufFile>,
+    il: usize,
+    cfg: &ModelConfig,
+    shard: &ShardSpec,
+) -> Result<Ffn, ModelError> {
+    let router = format!("blk.{il}.ffn_gate_inp.weight");
+    if f.has_tensor(&router) {
+        let moe = cfg.moe.ok_or_else(|| ModelError::Tensor {
+            path: f.path().display().to_string(),
+            tensor: router.clone(),
+            detail: format!(
+                "a router in a model whose metadata declares no experts ({}.expert_count)",
+                cfg.arch.name()
+            ),
+        })?;
+        return Ok(Ffn::Moe(Box::new(MoeFfn::load(f, il, cfg, moe, shard)?)));
+    }
+    let (e, ff) = (cfg.n_embd, cfg.n_ff);
+    let n = |s: &str| format!("blk.{il}.{s}");
+    Ok(Ffn::Dense {
+        gate: Linear::load_rows(f, &n("ffn_gate.weight"), e, ff, shard.ffn.clone())?,
+        up: Linear::load_rows(f, &n("ffn_up.weight"), e, ff, shard.ffn.clone())?,
+        down: Linear::load_cols(
+            f,
+            &n("ffn_down.weight"),
+            ff,
+            e,
+            shard.ffn.clone(),
+            shard.tp_rank == 0,
+        )?,
+    })
+}
+
 fn validate_shard(cfg: &ModelConfig, s: &ShardSpec) -> Result<(), ModelError> {
     let bad = |d: String| Err(ModelError::Shard(d));
     if s.layers.start >= s.layers.end || s.layers.end > cfg.n_layer {
@@ -649,6 +769,14 @@ fn validate_shard(cfg: &ModelConfig, s: &ShardSpec) -> Result<(), ModelError> {
     }
     if s.ffn.is_empty() || s.ffn.end > cfg.n_ff {
         return bad(format!("FFN columns {:?} outside 0..{}", s.ffn, cfg.n_ff));
+    }
+    if let Some(m) = cfg.moe {
+        if s.experts.end > m.n_expert || s.expert_ffn.end > m.n_ff_exp {
+            return bad(format!(
+                "experts {:?} x expert columns {:?} outside 0..{} x 0..{}",
+                s.experts, s.expert_ffn, m.n_expert, m.n_ff_exp
+            ));
+        }
     }
     if s.vocab.is_empty() || s.vocab.end > cfg.n_vocab {
         return bad(format!(

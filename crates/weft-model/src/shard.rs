@@ -1,5 +1,6 @@
 //! Which part of the model one node holds: its tensor-parallel slice (query heads, FFN
-//! columns, vocabulary rows) and its pipeline layer range.
+//! columns, vocabulary rows), its tile of the routed experts (which experts, which of
+//! each expert's FFN columns) and its pipeline layer range.
 
 use std::ops::Range;
 
@@ -7,8 +8,14 @@ use crate::config::ModelConfig;
 use crate::error::ModelError;
 
 /// The part of a model held by one rank. The unsharded model is `ShardSpec::full`.
+///
+/// A stage's ranks all sum their partial outputs in one all-reduce after attention and
+/// one after the FFN, so the invariant is: every head, FFN column, vocabulary row and
+/// (expert, expert column) cell belongs to exactly one rank of the stage.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ShardSpec {
+    /// This rank's position in its stage, and the stage's size (attention and dense FFNs
+    /// are tensor-parallel over the whole stage).
     pub tp_rank: usize,
     pub tp_size: usize,
     /// Layers of this pipeline stage.
@@ -19,6 +26,42 @@ pub struct ShardSpec {
     pub ffn: Range<usize>,
     /// Output-head (vocabulary) rows of this rank.
     pub vocab: Range<usize>,
+    /// Routed experts whose weights this rank holds (expert parallelism; MoE models).
+    pub experts: Range<usize>,
+    /// Columns of each held expert's FFN (tensor parallelism inside the experts).
+    pub expert_ffn: Range<usize>,
+}
+
+/// How a stage of `ep × tp` ranks splits a model: position p is expert group `p / tp`
+/// and expert-column slice `p % tp`; attention and dense FFNs split over all positions.
+#[derive(Clone, Debug, PartialEq)]
+pub struct StageSplit {
+    /// Relative share of each expert-column slice, and of heads within an expert group.
+    pub tp_weights: Vec<f64>,
+    /// Relative share of the experts held by each expert group (e.g. by memory).
+    pub ep_weights: Vec<f64>,
+}
+
+impl StageSplit {
+    /// A plain tensor-parallel stage with these weights.
+    pub fn tensor_parallel(tp_weights: &[f64]) -> Self {
+        StageSplit {
+            tp_weights: tp_weights.to_vec(),
+            ep_weights: vec![1.0],
+        }
+    }
+
+    pub fn size(&self) -> usize {
+        self.tp_weights.len() * self.ep_weights.len()
+    }
+
+    /// Share of heads, dense FFN columns and vocabulary rows of each position.
+    fn position_weights(&self) -> Vec<f64> {
+        let tp = self.tp_weights.len();
+        (0..self.size())
+            .map(|p| self.ep_weights[p / tp] * self.tp_weights[p % tp])
+            .collect()
+    }
 }
 
 /// Split granularities imposed by the weights' quant blocks.
@@ -28,6 +71,8 @@ pub struct Granularity {
     pub heads: usize,
     /// FFN columns must be split in multiples of this (ffn_down's block size).
     pub ffn: usize,
+    /// Expert FFN columns must be split in multiples of this (ffn_down_exps's block size).
+    pub expert_ffn: usize,
 }
 
 impl ShardSpec {
@@ -40,6 +85,8 @@ impl ShardSpec {
             heads: 0..cfg.n_head,
             ffn: 0..cfg.n_ff,
             vocab: 0..cfg.n_vocab,
+            experts: 0..cfg.moe.map_or(0, |m| m.n_expert),
+            expert_ffn: 0..cfg.moe.map_or(0, |m| m.n_ff_exp),
         }
     }
 
@@ -51,33 +98,67 @@ impl ShardSpec {
         rank: usize,
         weights: &[f64],
     ) -> Result<Self, ModelError> {
-        let size = weights.len();
-        if rank >= size {
+        Self::stage(cfg, gran, rank, &StageSplit::tensor_parallel(weights))
+    }
+
+    /// Position `pos` of a stage split as `split` (tensor and expert parallel).
+    pub fn stage(
+        cfg: &ModelConfig,
+        gran: Granularity,
+        pos: usize,
+        split: &StageSplit,
+    ) -> Result<Self, ModelError> {
+        let size = split.size();
+        if pos >= size || size == 0 {
             return Err(ModelError::Shard(format!(
-                "rank {rank} outside a group of {size}"
+                "rank {pos} outside a group of {size}"
             )));
         }
-        let heads = split_proportional(cfg.n_head, gran.heads, weights).map_err(|e| {
+        let weights = split.position_weights();
+        let heads = split_proportional(cfg.n_head, gran.heads, &weights).map_err(|e| {
             ModelError::Shard(format!(
                 "query heads ({} in steps of {}): {e}",
                 cfg.n_head, gran.heads
             ))
         })?;
-        let ffn = split_proportional(cfg.n_ff, gran.ffn, weights).map_err(|e| {
+        let ffn = split_proportional(cfg.n_ff, gran.ffn, &weights).map_err(|e| {
             ModelError::Shard(format!(
                 "FFN columns ({} in steps of {}): {e}",
                 cfg.n_ff, gran.ffn
             ))
         })?;
-        let vocab = split_proportional(cfg.n_vocab, 1, weights)
+        let vocab = split_proportional(cfg.n_vocab, 1, &weights)
             .map_err(|e| ModelError::Shard(format!("vocabulary rows: {e}")))?;
+        let tp = split.tp_weights.len();
+        let (experts, expert_ffn) = match cfg.moe {
+            None if split.ep_weights.len() > 1 => {
+                return Err(ModelError::Shard(
+                    "expert parallelism needs a model with experts".into(),
+                ))
+            }
+            None => (0..0, 0..0),
+            Some(m) => {
+                let experts = split_proportional(m.n_expert, 1, &split.ep_weights)
+                    .map_err(|e| ModelError::Shard(format!("experts ({}): {e}", m.n_expert)))?;
+                let cols = split_proportional(m.n_ff_exp, gran.expert_ffn, &split.tp_weights)
+                    .map_err(|e| {
+                        ModelError::Shard(format!(
+                            "expert FFN columns ({} in steps of {}): {e}",
+                            m.n_ff_exp, gran.expert_ffn
+                        ))
+                    })?;
+                (experts[pos / tp].clone(), cols[pos % tp].clone())
+            }
+        };
         Ok(ShardSpec {
-            tp_rank: rank,
+            tp_rank: pos,
             tp_size: size,
             layers: 0..cfg.n_layer,
-            heads: heads[rank].clone(),
-            ffn: ffn[rank].clone(),
-            vocab: vocab[rank].clone(),
+            heads: heads[pos].clone(),
+            ffn: ffn[pos].clone(),
+            vocab: vocab[pos].clone(),
+            experts,
+            expert_ffn,
         })
     }
 

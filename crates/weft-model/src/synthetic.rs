@@ -27,6 +27,19 @@ pub struct SyntheticSpec {
     pub nan_tokens: Vec<u32>,
     /// Names of F32 vectors (norm weights, biases) written as all NaN.
     pub nan_tensors: Vec<String>,
+    /// Routed experts (qwen3moe): every layer's FFN is a router and these experts.
+    pub moe: Option<SyntheticMoe>,
+    /// Multiplier of the output head's weights: larger gives more peaked logits, so
+    /// greedy paths of two engines rarely part at a near-tie.
+    pub head_scale: f32,
+}
+
+/// Experts of a synthetic MoE model.
+#[derive(Clone, Copy, Debug)]
+pub struct SyntheticMoe {
+    pub n_expert: usize,
+    pub n_expert_used: usize,
+    pub n_ff_exp: usize,
 }
 
 impl SyntheticSpec {
@@ -37,7 +50,7 @@ impl SyntheticSpec {
             arch,
             n_embd: 256,
             n_layer: 3,
-            n_head: 4,
+            n_head: if arch == Arch::Qwen3Moe { 8 } else { 4 },
             n_head_kv: if arch == Arch::Gemma3 { 1 } else { 2 },
             head_dim: if k { 128 } else { 64 },
             n_ff: 512,
@@ -46,6 +59,12 @@ impl SyntheticSpec {
             seed: 42,
             nan_tokens: Vec::new(),
             nan_tensors: Vec::new(),
+            moe: (arch == Arch::Qwen3Moe).then_some(SyntheticMoe {
+                n_expert: 8,
+                n_expert_used: 2,
+                n_ff_exp: if k { 512 } else { 128 },
+            }),
+            head_scale: 1.0,
         }
     }
 
@@ -93,12 +112,45 @@ pub fn synthetic_model(spec: &SyntheticSpec) -> GgufWriter {
         w.set_u32(&format!("{a}.attention.sliding_window"), 8)
             .set_u32(&format!("{a}.attention.sliding_window_pattern"), 3);
     }
+    if let Some(m) = spec.moe {
+        w.set_u32(&format!("{a}.expert_count"), m.n_expert as u32)
+            .set_u32(&format!("{a}.expert_used_count"), m.n_expert_used as u32)
+            .set_u32(
+                &format!("{a}.expert_feed_forward_length"),
+                m.n_ff_exp as u32,
+            );
+    }
     add_vocab(&mut w, spec);
-    let weight = |w: &mut GgufWriter, name: &str, n_in: usize, n_out: usize, rng: &mut Rng| {
+    let values = |name: &str, n_in: usize, n: usize, rng: &mut Rng| -> Vec<f32> {
         let scale = 1.0 / (n_in as f32).sqrt();
-        let mut vals: Vec<f32> = (0..n_in * n_out)
-            .map(|_| rng.next() * scale * 1.5)
-            .collect();
+        let boost = match name {
+            "output.weight" => spec.head_scale,
+            // Well-separated router logits: routing rarely hangs on a near-tie.
+            _ if name.ends_with("ffn_gate_inp.weight") => 4.0,
+            _ => 1.0,
+        };
+        (0..n)
+            .map(|_| {
+                let v = rng.next() * scale * 1.5;
+                if boost == 1.0 {
+                    v
+                } else {
+                    v * boost
+                }
+            })
+            .collect()
+    };
+    let experts = |w: &mut GgufWriter, name: &str, dims: [usize; 3], rng: &mut Rng| {
+        let vals = values(name, dims[0], dims.iter().product(), rng);
+        w.add_tensor(
+            name,
+            &dims.map(|d| d as u64),
+            spec.weight_type,
+            quant::quantize_row(spec.weight_type, &vals),
+        );
+    };
+    let weight = |w: &mut GgufWriter, name: &str, n_in: usize, n_out: usize, rng: &mut Rng| {
+        let mut vals = values(name, n_in, n_in * n_out, rng);
         if name == "token_embd.weight" {
             for &t in &spec.nan_tokens {
                 let row = t as usize * n_in;
@@ -165,7 +217,7 @@ pub fn synthetic_model(spec: &SyntheticSpec) -> GgufWriter {
                 0.0,
             );
         }
-        if matches!(spec.arch, Arch::Gemma3 | Arch::Qwen3) {
+        if matches!(spec.arch, Arch::Gemma3 | Arch::Qwen3 | Arch::Qwen3Moe) {
             vector(&mut w, &n("attn_q_norm.weight"), hd, &mut rng, 1.0);
             vector(&mut w, &n("attn_k_norm.weight"), hd, &mut rng, 1.0);
         }
@@ -177,9 +229,24 @@ pub fn synthetic_model(spec: &SyntheticSpec) -> GgufWriter {
             &mut rng,
         );
         vector(&mut w, &n("ffn_norm.weight"), e, &mut rng, 1.0);
-        weight(&mut w, &n("ffn_gate.weight"), e, ff, &mut rng);
-        weight(&mut w, &n("ffn_up.weight"), e, ff, &mut rng);
-        weight(&mut w, &n("ffn_down.weight"), ff, e, &mut rng);
+        if let Some(m) = spec.moe {
+            // The router stays F32, as llama-quantize leaves it.
+            let vals = values("ffn_gate_inp.weight", e, e * m.n_expert, &mut rng);
+            w.add_tensor(
+                &n("ffn_gate_inp.weight"),
+                &[e as u64, m.n_expert as u64],
+                GgmlType::F32,
+                quant::quantize_row(GgmlType::F32, &vals),
+            );
+            let (fe, ne) = (m.n_ff_exp, m.n_expert);
+            experts(&mut w, &n("ffn_gate_exps.weight"), [e, fe, ne], &mut rng);
+            experts(&mut w, &n("ffn_up_exps.weight"), [e, fe, ne], &mut rng);
+            experts(&mut w, &n("ffn_down_exps.weight"), [fe, e, ne], &mut rng);
+        } else {
+            weight(&mut w, &n("ffn_gate.weight"), e, ff, &mut rng);
+            weight(&mut w, &n("ffn_up.weight"), e, ff, &mut rng);
+            weight(&mut w, &n("ffn_down.weight"), ff, e, &mut rng);
+        }
         if spec.arch == Arch::Gemma3 {
             vector(&mut w, &n("post_attention_norm.weight"), e, &mut rng, 1.0);
             vector(&mut w, &n("post_ffw_norm.weight"), e, &mut rng, 1.0);

@@ -53,12 +53,17 @@ impl SyncPtr {
 
 impl Linear {
     fn check(file: &GgufFile, name: &str, n_in: usize, n_out: usize) -> Result<(), ModelError> {
+        Self::check_dims(file, name, &[n_in, n_out])
+    }
+
+    fn check_dims(file: &GgufFile, name: &str, want: &[usize]) -> Result<(), ModelError> {
         let t = file.tensor(name)?;
-        if t.dims.len() != 2 || t.dims[0] as usize != n_in || t.dims[1] as usize != n_out {
+        if t.dims.len() != want.len() || t.dims.iter().zip(want).any(|(&d, &w)| d as usize != w)
+        {
             return Err(tensor_err(
                 file,
                 name,
-                format!("shape {:?}, expected [{n_in}, {n_out}]", t.dims),
+                format!("shape {:?}, expected {want:?}", t.dims),
             ));
         }
         if !GgmlType::WEIGHT_TYPES.contains(&t.ty) {
@@ -127,6 +132,58 @@ impl Linear {
             n_out,
             bytes: Bytes::Owned(data),
             bias,
+        })
+    }
+
+    /// Rows `rows` of expert `expert` in a stacked `[n_in, n_out, n_expert]` tensor
+    /// (column-parallel inside the expert). The bytes stay borrowed from the mapping.
+    pub fn load_expert_rows(
+        file: &Arc<GgufFile>,
+        name: &str,
+        expert: usize,
+        [n_in, n_out, n_expert]: [usize; 3],
+        rows: Range<usize>,
+    ) -> Result<Self, ModelError> {
+        Self::check_dims(file, name, &[n_in, n_out, n_expert])?;
+        let t = file.tensor(name)?;
+        let base = expert * n_out;
+        let range = file.row_range(t, base + rows.start..base + rows.end)?;
+        Ok(Linear {
+            name: format!("{name}[{expert}]"),
+            ty: t.ty,
+            n_in,
+            n_out: rows.len(),
+            bytes: Bytes::Mapped {
+                file: file.clone(),
+                range,
+            },
+            bias: None,
+        })
+    }
+
+    /// Input columns `cols` of expert `expert` in a stacked `[n_in, n_out, n_expert]`
+    /// tensor (row-parallel inside the expert; copied unless the columns are all).
+    pub fn load_expert_cols(
+        file: &Arc<GgufFile>,
+        name: &str,
+        expert: usize,
+        [n_in, n_out, n_expert]: [usize; 3],
+        cols: Range<usize>,
+    ) -> Result<Self, ModelError> {
+        if cols == (0..n_in) {
+            return Self::load_expert_rows(file, name, expert, [n_in, n_out, n_expert], 0..n_out);
+        }
+        Self::check_dims(file, name, &[n_in, n_out, n_expert])?;
+        let t = file.tensor(name)?;
+        let base = expert * n_out;
+        let data = file.copy_columns(t, base..base + n_out, cols.clone())?;
+        Ok(Linear {
+            name: format!("{name}[{expert}]"),
+            ty: t.ty,
+            n_in: cols.len(),
+            n_out,
+            bytes: Bytes::Owned(data),
+            bias: None,
         })
     }
 
@@ -233,6 +290,25 @@ fn load_bias(
     }
     let v = load_vector(file, &name, n_out)?;
     Ok(Some(v[rows].to_vec()))
+}
+
+/// A whole `[n_in, n_out]` matrix dequantized to f32, row after row (the router: small,
+/// and read on one fixed-order path so that every rank routes alike).
+pub fn load_matrix_f32(
+    file: &GgufFile,
+    name: &str,
+    n_in: usize,
+    n_out: usize,
+) -> Result<Vec<f32>, ModelError> {
+    Linear::check(file, name, n_in, n_out)?;
+    let t = file.tensor(name)?;
+    let bytes = file.tensor_bytes(t);
+    let rb = t.row_bytes();
+    let mut out = vec![0f32; n_in * n_out];
+    for (r, row) in out.chunks_exact_mut(n_in).enumerate() {
+        quant::dequantize_row(t.ty, &bytes[r * rb..(r + 1) * rb], row);
+    }
+    Ok(out)
 }
 
 /// A 1-D tensor of `n` values (norm weights, biases), dequantized to f32.

@@ -12,6 +12,7 @@ use weft_kernels::ThreadPool;
 use weft_model::synthetic::{synthetic_model, SyntheticSpec};
 use weft_model::{
     granularity, Arch, Collective, Identity, InProcess, Logits, Model, ModelConfig, ShardSpec,
+    StageSplit,
 };
 
 const UBATCH: usize = 16;
@@ -49,13 +50,23 @@ fn tensor_parallel(
     prompt: &[u32],
     extra: &[u32],
 ) -> Vec<Vec<f32>> {
+    stage_parallel(file, &StageSplit::tensor_parallel(weights), prompt, extra)
+}
+
+/// The same steps with the model split across the ranks of `split` (TP, EP or both).
+fn stage_parallel(
+    file: &Arc<GgufFile>,
+    split: &StageSplit,
+    prompt: &[u32],
+    extra: &[u32],
+) -> Vec<Vec<f32>> {
     let cfg = ModelConfig::from_gguf(file).unwrap();
     let gran = granularity(file, &cfg).unwrap();
-    let shards: Vec<ShardSpec> = (0..weights.len())
-        .map(|r| ShardSpec::tensor_parallel(&cfg, gran, r, weights).unwrap())
+    let shards: Vec<ShardSpec> = (0..split.size())
+        .map(|r| ShardSpec::stage(&cfg, gran, r, split).unwrap())
         .collect();
     let counts: Vec<usize> = shards.iter().map(|s| s.vocab.len()).collect();
-    let handles: Vec<_> = InProcess::group(weights.len())
+    let handles: Vec<_> = InProcess::group(split.size())
         .into_iter()
         .zip(shards)
         .map(|(mut coll, shard)| {
@@ -210,12 +221,13 @@ fn write_synthetic(dir: &Path, arch: Arch, ty: GgmlType) -> Arc<GgufFile> {
     Arc::new(GgufFile::open(&p).unwrap())
 }
 
-const ARCHS: [Arch; 5] = [
+const ARCHS: [Arch; 6] = [
     Arch::Gemma3,
     Arch::Llama,
     Arch::Mistral,
     Arch::Qwen2,
     Arch::Qwen3,
+    Arch::Qwen3Moe,
 ];
 
 #[test]
@@ -256,6 +268,56 @@ fn synthetic_models_shard_within_rounding() {
             );
         }
     }
+}
+
+#[test]
+fn moe_expert_parallel_equals_one_rank() {
+    // Experts split evenly (EP=2), unevenly (EP=3 with weights 2:1:1), and EP=2 x TP=2
+    // (each expert's columns split too): every (expert, column) cell on exactly one rank.
+    let dir = tempfile::tempdir().unwrap();
+    let prompt: Vec<u32> = (0..20).map(|i| 4 + (i * 37) % 500).collect();
+    let extra = [300u32, 17, 99];
+    for ty in [GgmlType::F32, GgmlType::Q8_0, GgmlType::Q4_K] {
+        let f = write_synthetic(dir.path(), Arch::Qwen3Moe, ty);
+        let base = unsharded(&f, &prompt, &extra);
+        let floor = noise_floor(&f, &prompt, &extra);
+        let splits = [
+            (vec![1.0], vec![1.0, 1.0]),
+            (vec![1.0], vec![2.0, 1.0, 1.0]),
+            (vec![1.0, 1.0], vec![1.0, 1.0]),
+        ];
+        for (tp_weights, ep_weights) in splits {
+            let what = format!("qwen3moe {ty} TP {tp_weights:?} EP {ep_weights:?}");
+            let split = StageSplit {
+                tp_weights,
+                ep_weights,
+            };
+            let got = stage_parallel(&f, &split, &prompt, &extra);
+            assert_within(&what, &base, &got, tolerance_for(floor));
+        }
+    }
+}
+
+#[test]
+fn moe_routing_really_matters() {
+    // Guards the test above: a model whose experts were swapped must give other logits,
+    // or "sharded equals single" would pass with experts ignored.
+    let dir = tempfile::tempdir().unwrap();
+    let prompt: Vec<u32> = (0..12).map(|i| 4 + (i * 41) % 500).collect();
+    let spec = SyntheticSpec::small(Arch::Qwen3Moe, GgmlType::F32);
+    let mut other = spec.clone();
+    other.moe = other.moe.map(|mut m| {
+        m.n_expert_used = 1;
+        m
+    });
+    let write = |s: &SyntheticSpec, name: &str| {
+        let p = dir.path().join(name);
+        synthetic_model(s).write_file(&p).unwrap();
+        Arc::new(GgufFile::open(&p).unwrap())
+    };
+    let a = unsharded(&write(&spec, "top2.gguf"), &prompt, &[]);
+    let b = unsharded(&write(&other, "top1.gguf"), &prompt, &[]);
+    assert!(max_rel_diff("top-2 vs top-1", &a, &b) > 1e-2);
 }
 
 #[test]

