@@ -21,8 +21,12 @@ pub struct NodePlan {
     /// The ranks of every stage's tensor-parallel members, in stage order.
     pub stages: Vec<Vec<usize>>,
     pub layers: (usize, usize),
+    /// Position in the stage (attention and dense FFNs are split over all positions).
     pub tp_rank: usize,
     pub tp_weights: Vec<f64>,
+    /// Relative expert shares of the stage's expert groups (`[1.0]`: no EP).
+    #[serde(default = "no_expert_split")]
+    pub ep_weights: Vec<f64>,
     pub threads: usize,
     pub n_ctx: usize,
     pub ubatch: usize,
@@ -32,6 +36,10 @@ pub struct NodePlan {
     pub transport: String,
     pub link_delay_us: f64,
     pub timeout_ms: u64,
+}
+
+fn no_expert_split() -> Vec<f64> {
+    vec![1.0]
 }
 
 fn one_slot() -> usize {

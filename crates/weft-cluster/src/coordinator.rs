@@ -159,7 +159,7 @@ impl Cluster {
             let c: ControlLink<FromNode, ToNode> =
                 ControlLink::start(c, addr, coordinator_hooks(&liveness, i + 1))
                     .map_err(|e| format!("node {addr}: {e}"))?;
-            let stage = i / layout.tp;
+            let stage = i / layout.width();
             let plan = NodePlan {
                 model: opts.model.clone(),
                 rank: i + 1,
@@ -167,8 +167,9 @@ impl Cluster {
                 stage,
                 stages: stages.clone(),
                 layers: (layout.layers[stage].start, layout.layers[stage].end),
-                tp_rank: i % layout.tp,
+                tp_rank: i % layout.width(),
                 tp_weights: layout.tp_weights.clone(),
+                ep_weights: layout.ep_weights.clone(),
                 threads: opts.threads_per_node,
                 n_ctx: opts.n_ctx,
                 ubatch: opts.ubatch,

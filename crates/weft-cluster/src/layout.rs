@@ -1,17 +1,38 @@
 //! Layouts: how N nodes split a model into pipeline stages (contiguous layer ranges) that
-//! are each a tensor-parallel group, with uneven layer counts and TP weights allowed.
+//! are each a group of `tp × ep` ranks: attention and dense FFNs tensor-parallel over the
+//! whole stage, routed experts split `ep` ways (expert parallelism) and each expert's
+//! columns `tp` ways. Uneven layer counts, TP weights and EP weights are allowed.
 
 use std::ops::Range;
 
-/// Stages of tensor-parallel groups; node i (0-based) is stage i / tp, TP rank i % tp.
+/// What the user asked for; any size left out is derived from the node count.
+#[derive(Clone, Debug, Default)]
+pub struct LayoutRequest {
+    pub nodes: usize,
+    pub tp: Option<usize>,
+    pub pp: Option<usize>,
+    pub ep: Option<usize>,
+    pub n_layer: usize,
+    /// Layers of each stage (default: even).
+    pub layer_counts: Option<Vec<usize>>,
+    pub tp_weights: Option<Vec<f64>>,
+    pub ep_weights: Option<Vec<f64>>,
+}
+
+/// Stages of `tp × ep` ranks; node i (0-based) is stage i / (tp·ep), position i % (tp·ep)
+/// in it: expert group position / tp, expert-column slice position % tp.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Layout {
     pub tp: usize,
     pub pp: usize,
+    /// Expert-parallel groups per stage (1: every rank holds every expert's slice).
+    pub ep: usize,
     /// Layer range of each stage.
     pub layers: Vec<Range<usize>>,
     /// Relative share of heads and FFN columns of each TP rank (same for every stage).
     pub tp_weights: Vec<f64>,
+    /// Relative share of the experts of each expert group (same for every stage).
+    pub ep_weights: Vec<f64>,
 }
 
 impl Layout {
@@ -25,33 +46,62 @@ impl Layout {
         layer_counts: Option<&[usize]>,
         tp_weights: Option<&[f64]>,
     ) -> Result<Layout, String> {
+        Self::plan(&LayoutRequest {
+            nodes,
+            tp,
+            pp,
+            ep: None,
+            n_layer,
+            layer_counts: layer_counts.map(<[usize]>::to_vec),
+            tp_weights: tp_weights.map(<[f64]>::to_vec),
+            ep_weights: None,
+        })
+    }
+
+    /// The layout `r` asks for, checked.
+    pub fn plan(r: &LayoutRequest) -> Result<Layout, String> {
+        let nodes = r.nodes;
         if nodes == 0 {
             return Err("a cluster needs at least one node".into());
         }
-        let (tp, pp) = match (tp, pp) {
-            (Some(t), Some(p)) => (t, p),
-            (Some(t), None) => (t, nodes / t.max(1)),
-            (None, Some(p)) => (nodes / p.max(1), p),
-            (None, None) => (nodes, 1),
+        let ep = match (r.ep, &r.ep_weights) {
+            (Some(e), _) => e,
+            (None, Some(w)) => w.len(),
+            (None, None) => 1,
         };
-        if tp == 0 || pp == 0 || tp * pp != nodes {
+        if ep == 0 {
+            return Err("--ep must be at least 1".into());
+        }
+        let (tp, pp) = match (r.tp, r.pp) {
+            (Some(t), Some(p)) => (t, p),
+            (Some(t), None) => (t, nodes / (t * ep).max(1)),
+            (None, Some(p)) => (nodes / (p * ep).max(1), p),
+            (None, None) => (nodes / ep, 1),
+        };
+        if tp == 0 || pp == 0 || tp * ep * pp != nodes {
+            let ep_part = if ep > 1 {
+                format!(" x --ep {ep}")
+            } else {
+                String::new()
+            };
             return Err(format!(
-                "--tp {tp} x --pp {pp} must equal the {nodes} nodes"
+                "--tp {tp}{ep_part} x --pp {pp} must equal the {nodes} nodes"
             ));
         }
+        let n_layer = r.n_layer;
         if pp > n_layer {
             return Err(format!(
                 "{pp} pipeline stages for a model of {n_layer} layers"
             ));
         }
-        let counts: Vec<usize> = match layer_counts {
+        let counts: Vec<usize> = match &r.layer_counts {
             Some(c) => {
                 if c.len() != pp || c.iter().sum::<usize>() != n_layer || c.contains(&0) {
                     return Err(format!(
                         "--layers {c:?} must give {pp} positive counts summing to {n_layer}"
                     ));
                 }
-                c.to_vec()
+                c.clone()
             }
             None => (0..pp)
                 .map(|s| n_layer / pp + usize::from(s < n_layer % pp))
@@ -63,39 +113,64 @@ impl Layout {
             layers.push(at..at + c);
             at += c;
         }
-        let tp_weights = match tp_weights {
-            Some(w) if w.len() == tp && w.iter().all(|&x| x > 0.0) => w.to_vec(),
-            Some(w) => {
-                return Err(format!(
-                    "--tp-weights {w:?} must give {tp} positive weights"
-                ))
+        let weights = |flag: &str, w: &Option<Vec<f64>>, n: usize| match w {
+            Some(w) if w.len() == n && w.iter().all(|&x| x.is_finite() && x > 0.0) => {
+                Ok(w.clone())
             }
-            None => vec![1.0; tp],
+            Some(w) => Err(format!("{flag} {w:?} must give {n} positive weights")),
+            None => Ok(vec![1.0; n]),
         };
         Ok(Layout {
             tp,
             pp,
+            ep,
             layers,
-            tp_weights,
+            tp_weights: weights("--tp-weights", &r.tp_weights, tp)?,
+            ep_weights: weights("--ep-weights", &r.ep_weights, ep)?,
         })
     }
 
+    /// Ranks in each stage.
+    pub fn width(&self) -> usize {
+        self.tp * self.ep
+    }
+
     pub fn nodes(&self) -> usize {
-        self.tp * self.pp
+        self.width() * self.pp
     }
 
     /// Data-plane ranks of each stage's members (node i is rank i + 1).
     pub fn stage_ranks(&self) -> Vec<Vec<usize>> {
+        let w = self.width();
         (0..self.pp)
-            .map(|s| (0..self.tp).map(|t| 1 + s * self.tp + t).collect())
+            .map(|s| (0..w).map(|t| 1 + s * w + t).collect())
             .collect()
     }
 
     /// All-reduces, pipeline hand-offs and coordinator messages of one decode step.
     pub fn syncs_per_token(&self) -> usize {
         let layers: usize = self.layers.iter().map(|r| r.len()).sum();
-        let allreduce = if self.tp > 1 { 2 * layers } else { 0 };
+        let allreduce = if self.width() > 1 { 2 * layers } else { 0 };
         allreduce + (self.pp - 1) + 2
+    }
+
+    /// A short name: "TP=2", "EP=2 x TP=2 x PP=2", "1 node".
+    pub fn name(&self) -> String {
+        let mut parts = Vec::new();
+        if self.ep > 1 {
+            parts.push(format!("EP={}", self.ep));
+        }
+        if self.tp > 1 {
+            parts.push(format!("TP={}", self.tp));
+        }
+        if self.pp > 1 {
+            parts.push(format!("PP={}", self.pp));
+        }
+        if parts.is_empty() {
+            "1 node".into()
+        } else {
+            parts.join(" x ")
+        }
     }
 }
 
@@ -112,6 +187,7 @@ mod tests {
         let l = Layout::new(3, None, Some(3), 18, Some(&[8, 6, 4]), None).unwrap();
         assert_eq!(l.layers, vec![0..8, 8..14, 14..18]);
         assert!(Layout::new(3, Some(2), None, 18, None, None).is_err());
+        assert!(Layout::new(2, None, Some(2), 18, None, Some(&[10.0, 9.0])).is_err());
         assert!(Layout::new(2, None, Some(2), 18, Some(&[10, 9]), None).is_err());
         assert_eq!(
             Layout::new(2, None, None, 18, None, None)
@@ -119,5 +195,34 @@ mod tests {
                 .syncs_per_token(),
             38
         );
+    }
+
+    #[test]
+    fn expert_parallel_stages() {
+        let req = |nodes, tp, pp, ep, ep_weights: Option<Vec<f64>>| LayoutRequest {
+            nodes,
+            tp,
+            pp,
+            ep,
+            n_layer: 6,
+            ep_weights,
+            ..LayoutRequest::default()
+        };
+        // --ep 2 alone: one stage of two expert groups.
+        let l = Layout::plan(&req(2, None, None, Some(2), None)).unwrap();
+        assert_eq!((l.tp, l.ep, l.pp), (1, 2, 1));
+        assert_eq!(l.stage_ranks(), vec![vec![1, 2]]);
+        assert_eq!(l.name(), "EP=2");
+        // EP=2 x TP=2 x PP=2: eight nodes, stages of four.
+        let l = Layout::plan(&req(8, Some(2), Some(2), Some(2), None)).unwrap();
+        assert_eq!(l.stage_ranks(), vec![vec![1, 2, 3, 4], vec![5, 6, 7, 8]]);
+        assert_eq!(l.syncs_per_token(), 2 * 6 + 1 + 2);
+        // Uneven weights give the group count when --ep is left out.
+        let l = Layout::plan(&req(3, None, None, None, Some(vec![2.0, 1.0, 1.0]))).unwrap();
+        assert_eq!((l.ep, l.ep_weights.len()), (3, 3));
+        let e = Layout::plan(&req(3, Some(2), None, Some(2), None)).unwrap_err();
+        assert!(e.contains("--tp 2 x --ep 2 x --pp"), "{e}");
+        let e = Layout::plan(&req(2, None, None, Some(2), Some(vec![1.0]))).unwrap_err();
+        assert!(e.contains("--ep-weights"), "{e}");
     }
 }

@@ -14,5 +14,5 @@ pub mod stage;
 pub mod step;
 
 pub use coordinator::{Cluster, ClusterOptions, NodeStats};
-pub use layout::Layout;
+pub use layout::{Layout, LayoutRequest};
 pub use node::{serve, NodeOptions};

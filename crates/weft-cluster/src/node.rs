@@ -14,7 +14,8 @@ use std::time::{Duration, Instant};
 use weft_comm::{Group, GroupOptions, Liveness, TransportKind};
 use weft_gguf::GgufFile;
 use weft_kernels::ThreadPool;
-use weft_model::{granularity, KvCache, Model, ModelConfig, SeqSpan, ShardSpec};
+use weft_model::memory::human_bytes;
+use weft_model::{granularity, KvCache, Model, ModelConfig, SeqSpan, ShardSpec, StageSplit};
 
 use crate::control::{self, FromNode, NodePlan, ToNode};
 use crate::heartbeat::{ControlLink, Hooks};
@@ -48,6 +49,9 @@ pub struct NodeOptions {
     /// A node with a core to itself spins through a whole pipeline stage's wait: waking a
     /// halted vCPU costs far more than the spinning, which takes nothing from anyone.
     pub spin: Option<Duration>,
+    /// Bytes this node may use for its shard's weights and KV caches; a plan that needs
+    /// more is refused before the weights are read or the caches allocated.
+    pub memory_limit: Option<u64>,
 }
 
 /// An authenticated coordinator's control link and the liveness its heartbeats feed.
@@ -282,7 +286,7 @@ fn session(
         "{}|{}|{:?}|{}|{:?}|{}|{}|{}",
         path.display(),
         plan.tp_rank,
-        plan.tp_weights,
+        (&plan.tp_weights, &plan.ep_weights),
         threads,
         plan.layers,
         plan.n_ctx,
@@ -291,7 +295,7 @@ fn session(
     );
     if cache.as_ref().map(|c| c.key != key).unwrap_or(true) {
         *cache = None; // free the old shard before loading the new one
-        *cache = Some(load(&path, &plan, threads, key)?);
+        *cache = Some(load(&path, &plan, threads, opts.memory_limit, key)?);
     }
     let loaded = cache.as_mut().ok_or("no shard loaded")?;
     // A fresh data listener on the control address's IP: the group's mesh forms on it.
@@ -299,7 +303,7 @@ fn session(
     let data_addr = data.local_addr().map_err(|e| e.to_string())?.to_string();
     ctl.send(&FromNode::Ready {
         data_addr,
-        shard_bytes: loaded.model.weight_bytes_per_token() as u64,
+        shard_bytes: loaded.model.total_weight_bytes() as u64,
         rss_bytes: crate::procinfo::peak_rss_bytes().unwrap_or(0),
     })?;
     let addrs = match ctl.recv(CONTROL_SILENCE)? {
@@ -348,23 +352,50 @@ pub(crate) fn group_options(
     })
 }
 
-fn load(path: &PathBuf, plan: &NodePlan, threads: usize, key: String) -> Result<Loaded, String> {
+fn load(
+    path: &PathBuf,
+    plan: &NodePlan,
+    threads: usize,
+    memory_limit: Option<u64>,
+    key: String,
+) -> Result<Loaded, String> {
     let t = Instant::now();
     let file = Arc::new(GgufFile::open(path).map_err(|e| e.to_string())?);
     let cfg = ModelConfig::from_gguf(&file).map_err(|e| e.to_string())?;
     let gran = granularity(&file, &cfg).map_err(|e| e.to_string())?;
     let (a, b) = plan.layers;
-    let shard = ShardSpec::tensor_parallel(&cfg, gran, plan.tp_rank, &plan.tp_weights)
+    let split = StageSplit {
+        tp_weights: plan.tp_weights.clone(),
+        ep_weights: plan.ep_weights.clone(),
+    };
+    let shard = ShardSpec::stage(&cfg, gran, plan.tp_rank, &split)
         .map_err(|e| e.to_string())?
         .with_layers(a..b);
+    // Loading maps the file and copies only column-split blocks; no weight is read yet.
     let model = Model::load(file, shard, plan.ubatch).map_err(|e| e.to_string())?;
+    if let Some(limit) = memory_limit {
+        let weights = model.total_weight_bytes() as u64;
+        let kv = (model.cache_bytes(plan.n_ctx) * plan.slots.max(1)) as u64;
+        if weights + kv > limit {
+            return Err(format!(
+                "this node's shard needs {} ({} of weights for layers {a}..{b}, experts {:?}, \
+                 and {} of KV cache), over its --memory-limit of {}",
+                human_bytes((weights + kv) as u128),
+                human_bytes(weights as u128),
+                model.shard.experts,
+                human_bytes(kv as u128),
+                human_bytes(limit as u128)
+            ));
+        }
+    }
     let caches = (0..plan.slots.max(1))
         .map(|_| model.new_cache(plan.n_ctx))
         .collect();
     tracing::info!(
-        "loaded {} layers {a}..{b}, TP rank {} in {:.2} s",
+        "loaded {} layers {a}..{b}, stage position {} (experts {:?}) in {:.2} s",
         path.display(),
         plan.tp_rank,
+        model.shard.experts,
         t.elapsed().as_secs_f64()
     );
     Ok(Loaded {

@@ -75,7 +75,24 @@ impl GgufWriter {
         self
     }
 
-    /// Serialises the file into a byte vector.
+    /// Replaces tensor `name` (kept in its place), or adds it if absent: tests use it to
+    /// make files with one wrong tensor.
+    pub fn replace_tensor(
+        &mut self,
+        name: &str,
+        dims: &[u64],
+        ty: GgmlType,
+        data: Vec<u8>,
+    ) -> &mut Self {
+        let at = self.tensors.iter().position(|t| t.name == name);
+        self.add_tensor(name, dims, ty, data);
+        if let Some(i) = at {
+            let new = self.tensors.pop().expect("just added");
+            self.tensors[i] = new;
+        }
+        self
+    }
+
     /// This model cut as llama.cpp's `gguf-split --split-max-tensors N` cuts it: the first
     /// part keeps every metadata key, each part gets `split.no`, `split.count` (u16) and
     /// `split.tensors.count` (i32), and tensors go to the parts in order, `max_tensors`
@@ -96,6 +113,7 @@ impl GgufWriter {
         parts
     }
 
+    /// Serialises the file into a byte vector.
     pub fn to_bytes(&self) -> Vec<u8> {
         let mut out = Vec::new();
         self.write_to(&mut out)

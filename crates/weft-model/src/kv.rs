@@ -51,6 +51,22 @@ impl KvCache {
         }
     }
 
+    /// What `new` with these arguments allocates, in bytes, without allocating it.
+    pub fn planned_bytes(
+        windows: &[Option<usize>],
+        stride: usize,
+        n_ctx: usize,
+        ubatch: usize,
+    ) -> usize {
+        windows
+            .iter()
+            .map(|w| {
+                let cap = w.map_or(n_ctx, |w| (w + ubatch).min(n_ctx));
+                2 * cap * stride * 4
+            })
+            .sum()
+    }
+
     /// Forgets the sequence (the memory stays allocated for the next one).
     pub fn clear(&mut self) {
         self.pos = 0;

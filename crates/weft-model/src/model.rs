@@ -343,6 +343,18 @@ impl Model {
         l + self.head.as_ref().map(|h| h.n_bytes()).unwrap_or(0)
     }
 
+    /// Routed experts' bytes this shard holds, and the share a decoded token is expected
+    /// to read (both 0 for a dense model).
+    pub fn expert_bytes(&self) -> (usize, usize) {
+        self.layers
+            .iter()
+            .filter_map(|l| match &l.ffn {
+                Ffn::Moe(m) => Some((m.expert_bytes(), m.expected_expert_bytes())),
+                Ffn::Dense { .. } => None,
+            })
+            .fold((0, 0), |(a, b), (x, y)| (a + x, b + y))
+    }
+
     /// Expert weight bytes read since the last call (MoE models; 0 otherwise): what a
     /// bench divides by the tokens decoded to show bytes read per token.
     pub fn take_expert_bytes_read(&mut self) -> u64 {
@@ -350,6 +362,17 @@ impl Model {
             .moe
             .as_mut()
             .map_or(0, |s| std::mem::take(&mut s.bytes_read))
+    }
+
+    /// Bytes of one `new_cache(n_ctx)`, before allocating it.
+    pub fn cache_bytes(&self, n_ctx: usize) -> usize {
+        let windows: Vec<_> = self.layers.iter().map(|l| l.window).collect();
+        KvCache::planned_bytes(
+            &windows,
+            self.kv_heads.len() * self.cfg.head_dim,
+            n_ctx,
+            self.ubatch,
+        )
     }
 
     /// A KV cache for one sequence of up to `n_ctx` tokens.

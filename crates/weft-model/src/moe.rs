@@ -185,14 +185,23 @@ impl MoeFfn {
 
     /// Bytes of every held expert plus the router.
     pub fn total_bytes(&self) -> usize {
-        self.router_bytes() + self.experts.iter().map(Expert::n_bytes).sum::<usize>()
+        self.router_bytes() + self.expert_bytes()
     }
 
-    /// Expected bytes read per decoded token: the router, and the held experts' share of
-    /// the k a token is routed to.
+    /// Bytes of the held experts' weights.
+    pub fn expert_bytes(&self) -> usize {
+        self.experts.iter().map(Expert::n_bytes).sum()
+    }
+
+    /// Expected expert bytes read per decoded token: the held experts' share of the k a
+    /// token is routed to (uniform routing).
+    pub fn expected_expert_bytes(&self) -> usize {
+        self.expert_bytes() * self.router.top_k / self.router.n_expert
+    }
+
+    /// Expected bytes read per decoded token: the router and the expected experts.
     pub fn active_bytes(&self) -> usize {
-        let held: usize = self.experts.iter().map(Expert::n_bytes).sum();
-        self.router_bytes() + held * self.router.top_k / self.router.n_expert
+        self.router_bytes() + self.expected_expert_bytes()
     }
 
     fn router_bytes(&self) -> usize {

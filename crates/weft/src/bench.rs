@@ -90,6 +90,7 @@ pub fn run(a: BenchArgs) -> Result<()> {
         .context("warm-up")?;
     let mut pp = Vec::new();
     let mut tg = Vec::new();
+    let mut expert_read = 0u64;
     for _ in 0..a.reps.max(1) {
         if a.prefill > 0 {
             let t = Instant::now();
@@ -98,6 +99,7 @@ pub fn run(a: BenchArgs) -> Result<()> {
         }
         if a.decode > 0 {
             engine.prefill(&[bos]).context("decode start")?;
+            engine.model.take_expert_bytes_read();
             let t = Instant::now();
             let mut tok = bos;
             for _ in 0..a.decode {
@@ -105,12 +107,14 @@ pub fn run(a: BenchArgs) -> Result<()> {
                 tok = weft_model::sampler::argmax(engine.last_logits());
             }
             tg.push(a.decode as f64 / t.elapsed().as_secs_f64());
+            expert_read += engine.model.take_expert_bytes_read();
         }
     }
     let batched = (a.batch > 1)
         .then(|| batched_decode(&mut engine, a.batch, a.decode.max(1), a.reps.max(1), bos))
         .transpose()?;
     let bytes_per_token = engine.model.weight_bytes_per_token();
+    let moe = moe_report(&engine.model, expert_read, a.decode * a.reps.max(1));
     let rss = weft_cluster::procinfo::peak_rss_bytes(); // before the bandwidth probe's buffer
     let bandwidth = if a.no_bandwidth {
         None
@@ -141,6 +145,7 @@ pub fn run(a: BenchArgs) -> Result<()> {
                 "kv_bytes": kv_bytes,
                 "batch": a.batch,
                 "batch_tg_tok_s": batched,
+                "moe": moe,
             })
         )?;
     } else {
@@ -162,6 +167,20 @@ pub fn run(a: BenchArgs) -> Result<()> {
             "bytes read per decoded token: {:.1} MB",
             bytes_per_token as f64 / 1e6
         )?;
+        if !moe.is_null() {
+            let f = |k: &str| moe[k].as_f64().unwrap_or(0.0);
+            outln!(
+                "MoE: {:.2} B of {:.2} B parameters active per token ({} of {} experts); \
+                 weights read per decoded token {:.1} MB measured, {:.1} MB active, {:.1} MB total",
+                f("active_params") / 1e9,
+                f("total_params") / 1e9,
+                moe["experts_used"],
+                moe["experts"],
+                f("measured_bytes_per_token") / 1e6,
+                f("active_bytes_per_token") / 1e6,
+                f("total_bytes") / 1e6
+            )?;
+        }
         if let (Some(bw), Some(r)) = (bandwidth, roofline) {
             outln!(
                 "memory bandwidth {:.1} GB/s -> roofline {r:.1} tok/s; decode reaches {:.0}% of it",
@@ -179,6 +198,40 @@ pub fn run(a: BenchArgs) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// For a MoE model: parameters and weight bytes, active per token against the total, and
+/// the bytes the decode loop really read per token (`expert_read` over `tokens`).
+/// Parameters are counted as llama.cpp counts them (every tensor, the embedding too);
+/// an expert tensor's share is experts used / experts.
+fn moe_report(model: &weft_model::Model, expert_read: u64, tokens: usize) -> serde_json::Value {
+    let Some(m) = model.cfg.moe else {
+        return serde_json::Value::Null;
+    };
+    let (mut total, mut active) = (0f64, 0f64);
+    for t in model.file().tensors() {
+        let n = t.n_elements() as f64;
+        total += n;
+        active += if t.name.contains("_exps.") {
+            n * m.n_expert_used as f64 / m.n_expert as f64
+        } else {
+            n
+        };
+    }
+    let (_, expected_experts) = model.expert_bytes();
+    let active_bytes = model.weight_bytes_per_token();
+    let dense_bytes = active_bytes - expected_experts;
+    let measured = dense_bytes as f64 + expert_read as f64 / tokens.max(1) as f64;
+    json!({
+        "experts": m.n_expert,
+        "experts_used": m.n_expert_used,
+        "total_params": total,
+        "active_params": active,
+        "total_bytes": model.total_weight_bytes(),
+        "active_bytes_per_token": active_bytes,
+        "measured_bytes_per_token": measured,
+        "measured_over_active": measured / active_bytes.max(1) as f64,
+    })
 }
 
 /// Median aggregate tok/s of `b` sequences decoding `n` tokens each, one batched step

@@ -18,32 +18,35 @@ struct Config {
     name: String,
     tp: usize,
     pp: usize,
+    ep: usize,
     delay_us: f64,
 }
 
-fn parse_layout(s: &str) -> Result<(usize, usize)> {
+/// "1", "tp2", "pp2", "ep2", or a product such as "ep2xtp2xpp2": (tp, pp, ep).
+fn parse_layout(s: &str) -> Result<(usize, usize, usize)> {
     let s = s.trim().to_ascii_lowercase();
     if s == "1" {
-        return Ok((1, 1));
+        return Ok((1, 1, 1));
     }
-    let (mut tp, mut pp) = (1, 1);
+    let (mut tp, mut pp, mut ep) = (1, 1, 1);
     for part in s.split('x') {
-        if let Some(v) = part.strip_prefix("tp") {
-            tp = v
-                .parse()
-                .with_context(|| format!("layout {s:?}: bad TP size"))?;
+        let (slot, v) = if let Some(v) = part.strip_prefix("tp") {
+            (&mut tp, v)
         } else if let Some(v) = part.strip_prefix("pp") {
-            pp = v
-                .parse()
-                .with_context(|| format!("layout {s:?}: bad PP size"))?;
+            (&mut pp, v)
+        } else if let Some(v) = part.strip_prefix("ep") {
+            (&mut ep, v)
         } else {
-            bail!("layout {s:?}: expected 1, tpN, ppN or tpNxppM");
-        }
+            bail!("layout {s:?}: expected 1, tpN, ppN, epN or a product such as ep2xtp2");
+        };
+        *slot = v
+            .parse()
+            .with_context(|| format!("layout {s:?}: bad size {part:?}"))?;
     }
-    if tp == 0 || pp == 0 {
+    if tp == 0 || pp == 0 || ep == 0 {
         bail!("layout {s:?}: sizes must be positive");
     }
-    Ok((tp, pp))
+    Ok((tp, pp, ep))
 }
 
 fn median(v: &[f64]) -> f64 {
@@ -63,10 +66,12 @@ pub fn run(a: &BenchArgs) -> Result<()> {
     } else {
         a.delays.clone()
     };
-    let layouts: Vec<(usize, usize)> = if a.compare.is_empty() {
+    let layouts: Vec<(usize, usize, usize)> = if a.compare.is_empty() {
         let n = a.layout.nodes.unwrap_or(a.layout.peers.len()).max(1);
-        let tp = a.layout.tp.unwrap_or(n / a.layout.pp.unwrap_or(1).max(1));
-        vec![(tp.max(1), a.layout.pp.unwrap_or(n / tp.max(1)).max(1))]
+        let ep = a.layout.ep.unwrap_or(a.layout.ep_weights.len().max(1));
+        let pp = a.layout.pp.unwrap_or(1).max(1);
+        let tp = a.layout.tp.unwrap_or(n / (pp * ep).max(1)).max(1);
+        vec![(tp, a.layout.pp.unwrap_or(n / (tp * ep).max(1)).max(1), ep)]
     } else {
         a.compare
             .iter()
@@ -75,17 +80,23 @@ pub fn run(a: &BenchArgs) -> Result<()> {
     };
     let mut configs = Vec::new();
     for &d in &delays {
-        for &(tp, pp) in &layouts {
-            let name = match (tp, pp) {
-                (1, 1) => "1 node".to_string(),
-                (t, 1) => format!("TP={t}"),
-                (1, p) => format!("PP={p}"),
-                (t, p) => format!("TP={t} x PP={p}"),
+        for &(tp, pp, ep) in &layouts {
+            let mut parts = Vec::new();
+            for (what, n) in [("EP", ep), ("TP", tp), ("PP", pp)] {
+                if n > 1 {
+                    parts.push(format!("{what}={n}"));
+                }
+            }
+            let name = if parts.is_empty() {
+                "1 node".to_string()
+            } else {
+                parts.join(" x ")
             };
             configs.push(Config {
                 name,
                 tp,
                 pp,
+                ep,
                 delay_us: d,
             });
         }
@@ -95,12 +106,18 @@ pub fn run(a: &BenchArgs) -> Result<()> {
     for c in &configs {
         let l = LayoutArgs {
             nodes: if a.layout.peers.is_empty() {
-                Some(c.tp * c.pp)
+                Some(c.tp * c.pp * c.ep)
             } else {
                 None
             },
             tp: Some(c.tp),
             pp: Some(c.pp),
+            ep: Some(c.ep),
+            ep_weights: if c.ep == a.layout.ep_weights.len() {
+                a.layout.ep_weights.clone()
+            } else {
+                Vec::new()
+            },
             link_delay_us: c.delay_us,
             ..a.layout.clone()
         };
@@ -153,7 +170,7 @@ pub fn run(a: &BenchArgs) -> Result<()> {
     let t1 = configs
         .iter()
         .zip(&tg)
-        .find(|(c, _)| c.tp == 1 && c.pp == 1 && c.delay_us == 0.0)
+        .find(|(c, _)| c.tp == 1 && c.pp == 1 && c.ep == 1 && c.delay_us == 0.0)
         .map(|(_, v)| 1.0 / median(v));
     let mut runs = Vec::new();
     for (i, c) in clusters.iter_mut().enumerate() {
@@ -165,13 +182,13 @@ pub fn run(a: &BenchArgs) -> Result<()> {
         let comm: f64 = stats.iter().map(|s| s.comm_secs).sum();
         let busy: f64 = stats.iter().map(|s| s.comm_secs + s.compute_secs).sum();
         let layers: usize = layout.layers.iter().map(|r| r.len()).sum();
-        let allreduces = if layout.tp > 1 { 2 * layers } else { 0 };
+        let allreduces = if layout.width() > 1 { 2 * layers } else { 0 };
         let syncs = layout.syncs_per_token();
         let d = configs[i].delay_us * 1e-6;
-        let predicted = t1.map(|t| 1.0 / (t / layout.tp as f64 + syncs as f64 * d));
+        let predicted = t1.map(|t| 1.0 / (t / layout.width() as f64 + syncs as f64 * d));
         runs.push(json!({
             "layout": configs[i].name,
-            "tp": layout.tp, "pp": layout.pp,
+            "tp": layout.tp, "pp": layout.pp, "ep": layout.ep,
             "link_delay_us": configs[i].delay_us,
             "pp_tok_s": median(&pp[i]), "pp_samples": pp[i],
             "tg_tok_s": median(&tg[i]), "tg_samples": tg[i],

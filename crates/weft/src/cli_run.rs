@@ -100,14 +100,14 @@ fn run_cluster(a: &RunArgs, path: &std::path::Path) -> Result<()> {
         "nodes": c.peers,
         "tp": l.tp,
         "pp": l.pp,
+        "ep": l.ep,
         "layers": l.layers.iter().map(|r| [r.start, r.end]).collect::<Vec<_>>(),
         "node_stats": stats,
     });
     let what = format!(
-        "{} nodes, TP {} x PP {}, setup {setup_s:.2}s",
+        "{} nodes, {}, setup {setup_s:.2}s",
         c.peers.len(),
-        l.tp,
-        l.pp
+        l.name()
     );
     report(a, &prompt_ids, &g, extra, &what)
 }

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use anyhow::{anyhow, bail, Context, Result};
 use clap::Args;
-use weft_cluster::{Cluster, ClusterOptions, Layout, NodeOptions};
+use weft_cluster::{Cluster, ClusterOptions, Layout, LayoutRequest, NodeOptions};
 use weft_gguf::GgufFile;
 use weft_model::{ModelConfig, DEFAULT_UBATCH};
 use weft_tokenizer::Tokenizer;
@@ -37,6 +37,13 @@ pub struct LayoutArgs {
     /// Relative share of each TP rank, comma-separated (default: equal).
     #[arg(long, value_delimiter = ',')]
     pub tp_weights: Vec<f64>,
+    /// Expert-parallel groups per stage (MoE models): each holds a share of the experts.
+    /// A stage then has TP x EP nodes; attention stays tensor-parallel over all of them.
+    #[arg(long)]
+    pub ep: Option<usize>,
+    /// Relative share of the experts of each EP group, comma-separated (e.g. by memory).
+    #[arg(long, value_delimiter = ',')]
+    pub ep_weights: Vec<f64>,
     /// Data-plane transport: auto (shared memory on one host), tcp or shm.
     #[arg(long, default_value = "auto")]
     pub transport: String,
@@ -49,6 +56,9 @@ pub struct LayoutArgs {
     /// Threads per node (default: cores / nodes).
     #[arg(long)]
     pub node_threads: Option<usize>,
+    /// With --nodes: each local node's --memory-limit (see `weft node --help`).
+    #[arg(long, value_parser = parse_size)]
+    pub node_memory_limit: Option<u64>,
 }
 
 impl LayoutArgs {
@@ -78,6 +88,39 @@ pub struct NodeArgs {
     /// a pinned node's spinning takes no core from anyone).
     #[arg(long)]
     pub spin_us: Option<u64>,
+    /// Refuse any plan whose shard (weights and KV caches) needs more than this: bytes,
+    /// or with a unit (500M, 1.5G, 2GiB).
+    #[arg(long, value_parser = parse_size)]
+    pub memory_limit: Option<u64>,
+}
+
+/// "1.5G", "500MB", "2GiB" or plain bytes.
+pub fn parse_size(s: &str) -> Result<u64, String> {
+    let t = s.trim();
+    let split = t
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(t.len());
+    let (num, unit) = t.split_at(split);
+    let v: f64 = num
+        .parse()
+        .map_err(|_| format!("{s:?}: expected a size such as 512M, 1.5G or 2GiB"))?;
+    let mult: f64 = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 1.0,
+        "k" | "kb" => 1e3,
+        "m" | "mb" => 1e6,
+        "g" | "gb" => 1e9,
+        "t" | "tb" => 1e12,
+        "kib" => 1024.0,
+        "mib" => 1024f64.powi(2),
+        "gib" => 1024f64.powi(3),
+        "tib" => 1024f64.powi(4),
+        other => return Err(format!("{s:?}: unknown unit {other:?} (use k, M, G, T or KiB..TiB)")),
+    };
+    let bytes = v * mult;
+    if !bytes.is_finite() || bytes < 1.0 || bytes > u64::MAX as f64 {
+        return Err(format!("{s:?}: out of range"));
+    }
+    Ok(bytes as u64)
 }
 
 /// The secret from the flag or WEFT_SECRET, refused when too weak to resist online guessing.
@@ -125,6 +168,7 @@ pub fn node(a: NodeArgs) -> Result<()> {
                 .spin_us
                 .or(a.pin_core.map(|_| 20_000))
                 .map(Duration::from_micros),
+            memory_limit: a.memory_limit,
         },
     )
 }
@@ -163,6 +207,7 @@ fn start_local_nodes(
     secret: &str,
     threads: usize,
     pin: bool,
+    memory_limit: Option<u64>,
 ) -> Result<(LocalNodes, Vec<String>)> {
     let exe = std::env::current_exe().context("finding the weft binary")?;
     let cores = std::thread::available_parallelism()
@@ -192,6 +237,9 @@ fn start_local_nodes(
         .stderr(Stdio::inherit());
         if pin {
             cmd.args(["--pin-core", &(i % cores).to_string()]);
+        }
+        if let Some(m) = memory_limit {
+            cmd.args(["--memory-limit", &m.to_string()]);
         }
         // Local nodes belong to this process: if it dies without cleaning up (SIGKILL),
         // the kernel stops them too.
@@ -270,21 +318,30 @@ pub fn open(
             } else {
                 l.node_threads.unwrap_or((cores / n).max(1))
             };
-            let (nodes, addrs) = start_local_nodes(n, &secret, threads, l.pin)?;
+            let (nodes, addrs) = start_local_nodes(n, &secret, threads, l.pin, l.node_memory_limit)?;
             (Some(nodes), addrs, secret)
         }
         (None, Some(secret)) => (None, l.peers.clone(), secret),
         (None, None) => bail!("no nodes: give --nodes N or --peers A,B"),
     };
-    let layout = Layout::new(
-        peers.len(),
-        l.tp,
-        l.pp,
-        cfg.n_layer,
-        (!l.layers.is_empty()).then_some(&l.layers[..]),
-        (!l.tp_weights.is_empty()).then_some(&l.tp_weights[..]),
-    )
+    let layout = Layout::plan(&LayoutRequest {
+        nodes: peers.len(),
+        tp: l.tp,
+        pp: l.pp,
+        ep: l.ep,
+        n_layer: cfg.n_layer,
+        layer_counts: (!l.layers.is_empty()).then(|| l.layers.clone()),
+        tp_weights: (!l.tp_weights.is_empty()).then(|| l.tp_weights.clone()),
+        ep_weights: (!l.ep_weights.is_empty()).then(|| l.ep_weights.clone()),
+    })
     .map_err(|e| anyhow!(e))?;
+    if layout.ep > 1 && cfg.moe.is_none() {
+        bail!(
+            "--ep {}: {} has no routed experts to split",
+            layout.ep,
+            model.display()
+        );
+    }
     let opts = ClusterOptions {
         secret: secret.into_bytes(),
         model: model.to_string_lossy().into_owned(),

@@ -48,14 +48,15 @@ fn describe(cluster: &Cluster) -> Value {
         .into_iter()
         .enumerate()
         .map(|(i, (addr, shard, rss))| {
-            let stage = i / layout.tp;
+            let (stage, pos) = (i / layout.width(), i % layout.width());
             json!({
                 "rank": i + 1,
                 "address": addr,
                 "stage": stage,
-                "tp_rank": i % layout.tp,
+                "tp_rank": pos % layout.tp,
+                "ep_group": pos / layout.tp,
                 "layers": [layout.layers[stage].start, layout.layers[stage].end],
-                "tp_share": layout.tp_weights[i % layout.tp] / share_total,
+                "tp_share": layout.tp_weights[pos % layout.tp] / share_total,
                 "weight_bytes": shard,
                 "rss_bytes_after_load": rss,
             })
@@ -66,6 +67,7 @@ fn describe(cluster: &Cluster) -> Value {
         "mode": "cluster",
         "tp": layout.tp,
         "pp": layout.pp,
+        "ep": layout.ep,
         "stages": layout.stage_ranks(),
         "syncs_per_token": layout.syncs_per_token(),
         "nodes": nodes,

@@ -1,0 +1,197 @@
+//! Mixture-of-experts across real node processes: expert parallelism (even, uneven, with
+//! TP inside the experts, inside a pipeline stage) gives the single node's greedy path on
+//! synthetic qwen3moe models, short and long prompts; a per-node memory cap that one node
+//! cannot meet is met by splitting the experts; bad expert metadata is a clear error.
+
+mod common;
+
+use std::path::Path;
+
+use serde_json::Value;
+use weft_gguf::{GgmlType, GgufWriter, Value as GgufValue};
+use weft_model::synthetic::{synthetic_model, SyntheticMoe, SyntheticSpec};
+use weft_model::Arch;
+
+use common::{assert_same_path, greedy, ok_json, weft, SYNTHETIC_TOL};
+
+fn moe_spec(ty: GgmlType, seed: u64) -> SyntheticSpec {
+    let mut s = SyntheticSpec::small(Arch::Qwen3Moe, ty);
+    s.n_layer = 4;
+    s.seed = seed;
+    s.head_scale = 8.0;
+    s.moe = Some(SyntheticMoe {
+        n_expert: 16,
+        n_expert_used: 4,
+        n_ff_exp: if ty.block_size() == 256 { 256 } else { 128 },
+    });
+    s
+}
+
+fn write(dir: &Path, name: &str, w: &GgufWriter) -> String {
+    let p = dir.join(name);
+    w.write_file(&p).unwrap();
+    p.to_str().unwrap().to_string()
+}
+
+const EP_LAYOUTS: [&[&str]; 5] = [
+    &["--nodes", "2", "--ep", "2"],
+    &["--nodes", "3", "--ep", "3", "--ep-weights", "2,1,1"],
+    &["--nodes", "4", "--ep", "2", "--tp", "2"],
+    &["--nodes", "4", "--pp", "2", "--ep", "2"],
+    &["--nodes", "2", "--tp", "2"],
+];
+
+#[test]
+fn expert_parallel_layouts_match_one_node() {
+    let dir = tempfile::tempdir().unwrap();
+    let long: String = (0..60)
+        .map(|i| ["the cat", "sat on", "a mat", "in Paris"][i % 4])
+        .collect::<Vec<_>>()
+        .join(" ");
+    for (ty, seed) in [(GgmlType::Q8_0, 7), (GgmlType::F16, 11)] {
+        let m = write(
+            dir.path(),
+            &format!("moe-{ty}.gguf"),
+            &synthetic_model(&moe_spec(ty, seed)),
+        );
+        for prompt in ["the cat sat on the mat", long.as_str()] {
+            let single = greedy(&m, prompt, 12, &[]);
+            for l in EP_LAYOUTS {
+                let got = greedy(&m, prompt, 12, l);
+                let what = format!("qwen3moe {ty} {l:?}, {}-char prompt", prompt.len());
+                assert_eq!(got["prompt_ids"], single["prompt_ids"], "{what}");
+                assert_same_path(&what, &single, &got, SYNTHETIC_TOL);
+            }
+        }
+    }
+}
+
+fn node_stats(v: &Value) -> Vec<(u64, u64)> {
+    v["node_stats"]
+        .as_array()
+        .expect("node_stats")
+        .iter()
+        .map(|n| {
+            (
+                n["shard_bytes"].as_u64().unwrap(),
+                n["peak_rss_bytes"].as_u64().unwrap(),
+            )
+        })
+        .collect()
+}
+
+#[test]
+fn a_memory_cap_one_node_cannot_meet_is_met_by_expert_parallelism() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut spec = moe_spec(GgmlType::Q8_0, 3);
+    // Experts dominate: 64 experts of 3 x 256 x 512 Q8_0 values per layer, ~100 MB in all.
+    spec.moe = Some(SyntheticMoe {
+        n_expert: 64,
+        n_expert_used: 4,
+        n_ff_exp: 512,
+    });
+    let m = write(dir.path(), "big-moe.gguf", &synthetic_model(&spec));
+    let one = greedy(&m, "hello world", 6, &["--nodes", "1"]);
+    let (whole, _) = node_stats(&one)[0];
+    let cap = whole * 3 / 4;
+    let cap_s = cap.to_string();
+    // One node with the cap: refused, naming what the shard needs and the cap.
+    let out = weft(&[
+        "run",
+        "--model",
+        &m,
+        "--prompt",
+        "hello world",
+        "-n",
+        "4",
+        "--nodes",
+        "1",
+        "--node-memory-limit",
+        &cap_s,
+    ]);
+    assert!(!out.status.success(), "one node must refuse the cap");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("over its --memory-limit of") && err.contains("of weights"),
+        "{err}"
+    );
+    // Two nodes, experts split: each shard under the cap, same output as one node.
+    let two = greedy(
+        &m,
+        "hello world",
+        6,
+        &["--nodes", "2", "--ep", "2", "--node-memory-limit", &cap_s],
+    );
+    assert_same_path("EP=2 under a cap", &one, &two, SYNTHETIC_TOL);
+    for (shard, rss) in node_stats(&two) {
+        assert!(shard < cap, "shard {shard} over the cap {cap}");
+        assert!(shard * 10 < whole * 6, "shard {shard} is not about half of {whole}");
+        eprintln!(
+            "EP=2 node: shard {:.1} MB, peak RSS {:.1} MB (one node's shard: {:.1} MB)",
+            shard as f64 / 1e6,
+            rss as f64 / 1e6,
+            whole as f64 / 1e6
+        );
+    }
+}
+
+/// The synthetic model with one metadata key or tensor replaced.
+fn broken(dir: &Path, name: &str, edit: impl FnOnce(&mut GgufWriter)) -> String {
+    let mut w = synthetic_model(&moe_spec(GgmlType::F32, 5));
+    edit(&mut w);
+    write(dir, name, &w)
+}
+
+#[test]
+fn bad_expert_metadata_is_a_clear_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let cases: Vec<(String, &str)> = vec![
+        (
+            broken(dir.path(), "zero.gguf", |w| {
+                w.set("qwen3moe.expert_count", GgufValue::U32(0));
+            }),
+            "qwen3moe.expert_count",
+        ),
+        (
+            broken(dir.path(), "used.gguf", |w| {
+                w.set("qwen3moe.expert_used_count", GgufValue::U32(17));
+            }),
+            "qwen3moe.expert_used_count",
+        ),
+        (
+            broken(dir.path(), "shape.gguf", |w| {
+                // 15 experts' worth of gate weights under a 16-expert header.
+                w.replace_tensor(
+                    "blk.1.ffn_gate_exps.weight",
+                    &[256, 128, 15],
+                    GgmlType::F32,
+                    vec![0u8; 256 * 128 * 15 * 4],
+                );
+            }),
+            "blk.1.ffn_gate_exps.weight",
+        ),
+    ];
+    for (m, field) in cases {
+        for layout in [&[][..], &["--nodes", "2", "--ep", "2"][..]] {
+            let mut args = vec!["run", "--model", &m, "--prompt", "hi", "-n", "2"];
+            args.extend_from_slice(layout);
+            let out = weft(&args);
+            let err = String::from_utf8_lossy(&out.stderr);
+            assert_eq!(out.status.code(), Some(1), "{m} {layout:?}: {err}");
+            assert!(err.contains(field), "{m} {layout:?}: {err}");
+            assert!(!err.contains("panicked"), "{m} {layout:?}: {err}");
+        }
+    }
+    // --ep on a dense model is refused up front.
+    let dense = write(
+        dir.path(),
+        "dense.gguf",
+        &synthetic_model(&SyntheticSpec::small(Arch::Llama, GgmlType::Q8_0)),
+    );
+    let out = weft(&[
+        "run", "--model", &dense, "--prompt", "hi", "-n", "2", "--nodes", "2", "--ep", "2",
+    ]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("no routed experts"), "{err}");
+    let _ = ok_json; // shared helper, used by other files
+}
