@@ -114,9 +114,7 @@ impl Layout {
             at += c;
         }
         let weights = |flag: &str, w: &Option<Vec<f64>>, n: usize| match w {
-            Some(w) if w.len() == n && w.iter().all(|&x| x.is_finite() && x > 0.0) => {
-                Ok(w.clone())
-            }
+            Some(w) if w.len() == n && w.iter().all(|&x| x.is_finite() && x > 0.0) => Ok(w.clone()),
             Some(w) => Err(format!("{flag} {w:?} must give {n} positive weights")),
             None => Ok(vec![1.0; n]),
         };

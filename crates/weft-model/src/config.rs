@@ -280,7 +280,10 @@ fn moe_config(f: &GgufFile, arch_name: &str) -> Result<Option<MoeConfig>, GgufEr
     }
     let n_expert = f.get_u64(&k("expert_count"))? as usize;
     if n_expert == 0 {
-        return Err(bad(k("expert_count"), "0 experts: must be at least 1".into()));
+        return Err(bad(
+            k("expert_count"),
+            "0 experts: must be at least 1".into(),
+        ));
     }
     // llama.cpp's limit (LLAMA_MAX_EXPERTS); also bounds the router's scratch.
     const MAX_EXPERTS: usize = 512;

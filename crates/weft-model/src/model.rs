@@ -41,18 +41,20 @@ struct Layer {
 /// A layer's feed-forward block: dense (gate and up column-parallel, down row-parallel)
 /// or routed experts; both leave partial sums for the one all-reduce after the block.
 enum Ffn {
-    Dense {
-        gate: Linear,
-        up: Linear,
-        down: Linear,
-    },
+    Dense(Box<DenseFfn>),
     Moe(Box<MoeFfn>),
+}
+
+struct DenseFfn {
+    gate: Linear,
+    up: Linear,
+    down: Linear,
 }
 
 impl Ffn {
     fn linears(&self) -> Box<dyn Iterator<Item = &Linear> + '_> {
         match self {
-            Ffn::Dense { gate, up, down } => Box::new([gate, up, down].into_iter()),
+            Ffn::Dense(d) => Box::new([&d.gate, &d.up, &d.down].into_iter()),
             Ffn::Moe(m) => Box::new(m.linears()),
         }
     }
@@ -60,14 +62,14 @@ impl Ffn {
     /// Weight bytes read for one decoded token (routed experts: the expected share).
     fn active_bytes(&self) -> usize {
         match self {
-            Ffn::Dense { .. } => self.linears().map(|w| w.n_bytes()).sum(),
+            Ffn::Dense(_) => self.linears().map(|w| w.n_bytes()).sum(),
             Ffn::Moe(m) => m.active_bytes(),
         }
     }
 
     fn total_bytes(&self) -> usize {
         match self {
-            Ffn::Dense { .. } => self.linears().map(|w| w.n_bytes()).sum(),
+            Ffn::Dense(_) => self.linears().map(|w| w.n_bytes()).sum(),
             Ffn::Moe(m) => m.total_bytes(),
         }
     }
@@ -244,7 +246,7 @@ impl Model {
         let ff_local = layers
             .iter()
             .map(|l| match &l.ffn {
-                Ffn::Dense { gate, .. } => gate.n_out,
+                Ffn::Dense(d) => d.gate.n_out,
                 Ffn::Moe(m) => m.n_ff_local,
             })
             .max()
@@ -252,7 +254,11 @@ impl Model {
         let widest_out = e.max(q_local).max(ff_local).max(kv_local);
         let act_row = layers
             .iter()
-            .flat_map(|l| [&l.wq, &l.wk, &l.wv, &l.wo].into_iter().chain(l.ffn.linears()))
+            .flat_map(|l| {
+                [&l.wq, &l.wk, &l.wv, &l.wo]
+                    .into_iter()
+                    .chain(l.ffn.linears())
+            })
             .chain(head.iter())
             .map(|w| w.act_bytes())
             .max()
@@ -350,7 +356,7 @@ impl Model {
             .iter()
             .filter_map(|l| match &l.ffn {
                 Ffn::Moe(m) => Some((m.expert_bytes(), m.expected_expert_bytes())),
-                Ffn::Dense { .. } => None,
+                Ffn::Dense(_) => None,
             })
             .fold((0, 0), |(a, b), (x, y)| (a + x, b + y))
     }
@@ -648,7 +654,8 @@ impl Model {
         // MLP block.
         norm_rows(pool, &ws.x, &mut ws.xn, e, m, &layer.ffn_norm, cfg.eps);
         match &layer.ffn {
-            Ffn::Dense { gate, up, down } => {
+            Ffn::Dense(d) => {
+                let (gate, up, down) = (&d.gate, &d.up, &d.down);
                 let fl = gate.n_out;
                 linears_of_one_input(
                     pool,
@@ -768,7 +775,7 @@ fn load_ffn(
     }
     let (e, ff) = (cfg.n_embd, cfg.n_ff);
     let n = |s: &str| format!("blk.{il}.{s}");
-    Ok(Ffn::Dense {
+    Ok(Ffn::Dense(Box::new(DenseFfn {
         gate: Linear::load_rows(f, &n("ffn_gate.weight"), e, ff, shard.ffn.clone())?,
         up: Linear::load_rows(f, &n("ffn_up.weight"), e, ff, shard.ffn.clone())?,
         down: Linear::load_cols(
@@ -779,7 +786,7 @@ fn load_ffn(
             shard.ffn.clone(),
             shard.tp_rank == 0,
         )?,
-    })
+    })))
 }
 
 fn validate_shard(cfg: &ModelConfig, s: &ShardSpec) -> Result<(), ModelError> {

@@ -229,7 +229,13 @@ pub(crate) struct MoeScratch {
 impl MoeScratch {
     /// Room for `ubatch` rows through layers shaped like `moe` (and `held` experts of
     /// `n_ff_local` columns each).
-    pub fn new(ubatch: usize, n_embd: usize, moe: MoeConfig, held: usize, n_ff_local: usize) -> Self {
+    pub fn new(
+        ubatch: usize,
+        n_embd: usize,
+        moe: MoeConfig,
+        held: usize,
+        n_ff_local: usize,
+    ) -> Self {
         let k = moe.n_expert_used;
         // Decode lays the k chosen experts side by side; prefill gathers up to ubatch rows.
         let rows = ubatch.max(k);
@@ -357,7 +363,14 @@ impl MoeFfn {
 
     /// One token: the chosen held experts' gate and up rows in one parallel pass, their
     /// down rows in a second, then the weighted sum. Only their bytes are read.
-    fn decode(&self, pool: &ThreadPool, x: &[f32], o: &mut [f32], acts: &mut [u8], s: &mut MoeScratch) {
+    fn decode(
+        &self,
+        pool: &ThreadPool,
+        x: &[f32],
+        o: &mut [f32],
+        acts: &mut [u8],
+        s: &mut MoeScratch,
+    ) {
         let e = x.len();
         let ff = self.n_ff_local;
         let chosen: usize = (0..self.experts.len())
@@ -387,9 +400,16 @@ impl MoeFfn {
             quant::quantize_act(ut, x, &mut acts[ab_g..ab_g + ab_u]);
         }
         let (act_g, act_u) = acts.split_at(ab_g);
-        let act_u = if shared { &act_g[..ab_u] } else { &act_u[..ab_u] };
+        let act_u = if shared {
+            &act_g[..ab_u]
+        } else {
+            &act_u[..ab_u]
+        };
         let act_g = &act_g[..ab_g];
-        let (gp, up) = (SendPtr::new(s.g.as_mut_ptr()), SendPtr::new(s.u.as_mut_ptr()));
+        let (gp, up) = (
+            SendPtr::new(s.g.as_mut_ptr()),
+            SendPtr::new(s.u.as_mut_ptr()),
+        );
         let experts = &self.experts;
         pool.for_ranges(n * 2 * ff, 4, &|r| {
             for_segments(r, ff, |seg, i0, i1| {
@@ -401,19 +421,26 @@ impl MoeFfn {
                     (&x.up, act_u, up)
                 };
                 // SAFETY: segment `seg` rows i0..i1 map to this task's own slots of g or u.
-                let out = unsafe {
-                    std::slice::from_raw_parts_mut(p.get().add(slot * ff + i0), i1 - i0)
-                };
+                let out =
+                    unsafe { std::slice::from_raw_parts_mut(p.get().add(slot * ff + i0), i1 - i0) };
                 quant::matvec(w.ty, w.n_in, w.bytes(), i0..i1, act, out);
             })
         });
         for i in 0..n {
-            ops::gated_activation(&mut s.g[i * ff..(i + 1) * ff], &s.u[i * ff..(i + 1) * ff], self.gelu);
+            ops::gated_activation(
+                &mut s.g[i * ff..(i + 1) * ff],
+                &s.u[i * ff..(i + 1) * ff],
+                self.gelu,
+            );
         }
         let dt = first.down.ty;
         let ab_d = quant::act_bytes(dt, ff);
         for i in 0..n {
-            quant::quantize_act(dt, &s.g[i * ff..(i + 1) * ff], &mut acts[i * ab_d..(i + 1) * ab_d]);
+            quant::quantize_act(
+                dt,
+                &s.g[i * ff..(i + 1) * ff],
+                &mut acts[i * ab_d..(i + 1) * ab_d],
+            );
         }
         let acts = &*acts;
         let ep = SendPtr::new(s.eo.as_mut_ptr());
@@ -421,10 +448,16 @@ impl MoeFfn {
             for_segments(r, e, |slot, i0, i1| {
                 let w = &experts[slots[slot]].down;
                 // SAFETY: rows i0..i1 of expert slot `slot` are this task's alone.
-                let out = unsafe {
-                    std::slice::from_raw_parts_mut(ep.get().add(slot * e + i0), i1 - i0)
-                };
-                quant::matvec(w.ty, w.n_in, w.bytes(), i0..i1, &acts[slot * ab_d..(slot + 1) * ab_d], out);
+                let out =
+                    unsafe { std::slice::from_raw_parts_mut(ep.get().add(slot * e + i0), i1 - i0) };
+                quant::matvec(
+                    w.ty,
+                    w.n_in,
+                    w.bytes(),
+                    i0..i1,
+                    &acts[slot * ab_d..(slot + 1) * ab_d],
+                    out,
+                );
             })
         });
         for (i, &j) in slots.iter().enumerate() {
@@ -435,7 +468,6 @@ impl MoeFfn {
         }
     }
 }
-
 
 /// Splits a flat range over consecutive blocks of `len` into per-block pieces:
 /// `f(block, start_in_block, end_in_block)`.
@@ -503,7 +535,11 @@ mod tests {
     fn fixed_order_dot_matches_the_plain_sum() {
         let a: Vec<f32> = (0..37).map(|i| (i as f32 * 0.37).sin()).collect();
         let b: Vec<f32> = (0..37).map(|i| (i as f32 * 0.11).cos()).collect();
-        let plain: f64 = a.iter().zip(&b).map(|(x, y)| (*x as f64) * (*y as f64)).sum();
+        let plain: f64 = a
+            .iter()
+            .zip(&b)
+            .map(|(x, y)| (*x as f64) * (*y as f64))
+            .sum();
         assert!((dot_fixed_order(&a, &b) as f64 - plain).abs() < 1e-4);
     }
 

@@ -58,8 +58,7 @@ impl Linear {
 
     fn check_dims(file: &GgufFile, name: &str, want: &[usize]) -> Result<(), ModelError> {
         let t = file.tensor(name)?;
-        if t.dims.len() != want.len() || t.dims.iter().zip(want).any(|(&d, &w)| d as usize != w)
-        {
+        if t.dims.len() != want.len() || t.dims.iter().zip(want).any(|(&d, &w)| d as usize != w) {
             return Err(tensor_err(
                 file,
                 name,

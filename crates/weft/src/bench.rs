@@ -104,7 +104,9 @@ pub fn run(a: BenchArgs) -> Result<()> {
             let mut tok = bos;
             for _ in 0..a.decode {
                 engine.decode(tok).context("decode")?;
-                tok = weft_model::sampler::argmax(engine.last_logits());
+                // Random next tokens, as llama-bench feeds: on a MoE model a repeated
+                // token would route to the same, cache-warm experts every step.
+                tok = next();
             }
             tg.push(a.decode as f64 / t.elapsed().as_secs_f64());
             expert_read += engine.model.take_expert_bytes_read();

@@ -104,11 +104,7 @@ fn run_cluster(a: &RunArgs, path: &std::path::Path) -> Result<()> {
         "layers": l.layers.iter().map(|r| [r.start, r.end]).collect::<Vec<_>>(),
         "node_stats": stats,
     });
-    let what = format!(
-        "{} nodes, {}, setup {setup_s:.2}s",
-        c.peers.len(),
-        l.name()
-    );
+    let what = format!("{} nodes, {}, setup {setup_s:.2}s", c.peers.len(), l.name());
     report(a, &prompt_ids, &g, extra, &what)
 }
 

@@ -114,7 +114,11 @@ pub fn parse_size(s: &str) -> Result<u64, String> {
         "mib" => 1024f64.powi(2),
         "gib" => 1024f64.powi(3),
         "tib" => 1024f64.powi(4),
-        other => return Err(format!("{s:?}: unknown unit {other:?} (use k, M, G, T or KiB..TiB)")),
+        other => {
+            return Err(format!(
+                "{s:?}: unknown unit {other:?} (use k, M, G, T or KiB..TiB)"
+            ))
+        }
     };
     let bytes = v * mult;
     if !bytes.is_finite() || bytes < 1.0 || bytes > u64::MAX as f64 {
@@ -318,7 +322,8 @@ pub fn open(
             } else {
                 l.node_threads.unwrap_or((cores / n).max(1))
             };
-            let (nodes, addrs) = start_local_nodes(n, &secret, threads, l.pin, l.node_memory_limit)?;
+            let (nodes, addrs) =
+                start_local_nodes(n, &secret, threads, l.pin, l.node_memory_limit)?;
             (Some(nodes), addrs, secret)
         }
         (None, Some(secret)) => (None, l.peers.clone(), secret),
