@@ -125,7 +125,10 @@ fn a_memory_cap_one_node_cannot_meet_is_met_by_expert_parallelism() {
     assert_same_path("EP=2 under a cap", &one, &two, SYNTHETIC_TOL);
     for (shard, rss) in node_stats(&two) {
         assert!(shard < cap, "shard {shard} over the cap {cap}");
-        assert!(shard * 10 < whole * 6, "shard {shard} is not about half of {whole}");
+        assert!(
+            shard * 10 < whole * 6,
+            "shard {shard} is not about half of {whole}"
+        );
         eprintln!(
             "EP=2 node: shard {:.1} MB, peak RSS {:.1} MB (one node's shard: {:.1} MB)",
             shard as f64 / 1e6,
