@@ -56,21 +56,30 @@ impl Router {
             total += (l - max).exp();
         }
         let k = self.top_k;
-        for j in 0..k {
-            let mut best: Option<usize> = None;
-            for (e, &l) in logits.iter().enumerate() {
-                if ids[..j].contains(&(e as u32)) {
+        // Insertion into a sorted top-k (one pass; `weights` holds the keys meanwhile).
+        // Only a strictly greater key moves up, so ties keep the lower expert id first;
+        // NaN ranks below every number.
+        let mut n = 0;
+        for (e, &l) in logits.iter().enumerate() {
+            let key = if l.is_nan() { f32::NEG_INFINITY } else { l };
+            if n == k {
+                if key <= weights[k - 1] {
                     continue;
                 }
-                // NaN logits never win over a number; among NaNs the lowest id is kept.
-                let beats = |b: usize| l > logits[b] || (logits[b].is_nan() && !l.is_nan());
-                if best.is_none_or(beats) {
-                    best = Some(e);
-                }
+                n -= 1;
             }
-            let e = best.unwrap_or(0);
-            ids[j] = e as u32;
-            weights[j] = (logits[e] - max).exp() / total;
+            let mut i = n;
+            while i > 0 && key > weights[i - 1] {
+                weights[i] = weights[i - 1];
+                ids[i] = ids[i - 1];
+                i -= 1;
+            }
+            weights[i] = key;
+            ids[i] = e as u32;
+            n += 1;
+        }
+        for j in 0..k {
+            weights[j] = (logits[ids[j] as usize] - max).exp() / total;
         }
         if self.norm {
             let sum: f32 = weights[..k].iter().sum();
@@ -529,6 +538,37 @@ mod tests {
         let r = router(3, 2, true);
         r.select(&[f32::NAN, 1.0, f32::NAN], &mut ids[..2], &mut w[..2]);
         assert_eq!(&ids[..2], &[1, 0]);
+    }
+
+    #[test]
+    fn top_k_equals_a_stable_sort() {
+        // Logits drawn from a few values so ties are common.
+        let mut state = 0x2545_F491_4F6C_DD1Du64;
+        for n_expert in [1usize, 3, 8, 64, 128] {
+            for k in [1usize, 2, 8] {
+                if k > n_expert {
+                    continue;
+                }
+                let r = router(n_expert, k, true);
+                for _ in 0..20 {
+                    let logits: Vec<f32> = (0..n_expert)
+                        .map(|_| {
+                            state ^= state << 13;
+                            state ^= state >> 7;
+                            state ^= state << 17;
+                            (state % 7) as f32 * 0.5
+                        })
+                        .collect();
+                    let mut order: Vec<usize> = (0..n_expert).collect();
+                    order.sort_by(|&a, &b| logits[b].total_cmp(&logits[a]));
+                    let (mut ids, mut w) = (vec![0u32; k], vec![0f32; k]);
+                    r.select(&logits, &mut ids, &mut w);
+                    let want: Vec<u32> = order[..k].iter().map(|&e| e as u32).collect();
+                    assert_eq!(ids, want, "{logits:?}");
+                    assert!((w.iter().sum::<f32>() - 1.0).abs() < 1e-5);
+                }
+            }
+        }
     }
 
     #[test]

@@ -127,14 +127,15 @@ pub fn run(a: &BenchArgs) -> Result<()> {
     }
     let n_vocab = clusters[0].n_vocab as u64;
     let mut state = 0x9E37_79B9_7F4A_7C15u64;
-    let prompt: Vec<u32> = (0..a.prefill.max(1))
-        .map(|_| {
-            state ^= state << 13;
-            state ^= state >> 7;
-            state ^= state << 17;
-            (state % n_vocab) as u32
-        })
-        .collect();
+    let mut next = move || {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        (state % n_vocab) as u32
+    };
+    let prompt: Vec<u32> = (0..a.prefill.max(1)).map(|_| next()).collect();
+    // Decode feeds the same pseudo-random tokens to every layout, as llama-bench does.
+    let decode_tokens: Vec<u32> = (0..a.decode).map(|_| next()).collect();
     let bos = clusters[0].tokenizer.bos_id().unwrap_or(0);
     for c in clusters.iter_mut() {
         c.cluster
@@ -157,10 +158,10 @@ pub fn run(a: &BenchArgs) -> Result<()> {
                     .map_err(|e| anyhow!("{}: {e}", configs[i].name))?;
                 let t = Instant::now();
                 let mut tok = bos;
-                for _ in 0..a.decode {
+                for &next_tok in &decode_tokens {
                     cl.decode(tok)
                         .map_err(|e| anyhow!("{}: decode: {e}", configs[i].name))?;
-                    tok = weft_model::sampler::argmax(cl.logits());
+                    tok = next_tok;
                 }
                 tg[i].push(a.decode as f64 / t.elapsed().as_secs_f64());
             }
