@@ -1,4 +1,4 @@
-//! The weft command line: run, serve, node, secret, pull, perplexity, bench, inspect, synth.
+//! The weft command line: run, serve, node, secret, pull, perplexity, bench, inspect, synth, plan.
 
 // First, so its `outln!` macro is in scope in the modules below.
 #[macro_use]
@@ -15,6 +15,7 @@ mod inspect_check;
 mod memcheck;
 mod paths;
 mod perplexity;
+mod plan;
 mod progress;
 mod pull;
 mod pull_hub;
@@ -75,6 +76,8 @@ enum Cmd {
         #[arg(long, requires = "check")]
         all: bool,
     },
+    /// Rank the layouts of a model on a described cluster, with predicted speed and memory.
+    Plan(plan::PlanArgs),
     /// Write a synthetic model (random weights) for tests, benches and llama.cpp checks.
     Synth(synth::SynthArgs),
 }
@@ -112,6 +115,7 @@ fn main() {
             all,
         } => inspect::run(model, tensors, check, all),
         Cmd::Synth(a) => synth::run(a),
+        Cmd::Plan(a) => plan::run(a),
     };
     if let Err(e) = r {
         // A reader that closed our stdout (`| head`) is a normal end, as in ripgrep.

@@ -1,0 +1,240 @@
+//! The cost model: predicted decode, batched decode and prefill speed, time to first token
+//! and memory per node of one layout. Every term is a measurement times a count:
+//! weight bytes read / the node's measured streaming rate, syncs × the measured link
+//! latency, bytes sent / the measured link bandwidth (ARCHITECTURE.md lists them).
+
+use serde::{Deserialize, Serialize};
+
+use crate::cluster::ClusterProfile;
+use crate::model::ModelProfile;
+
+/// What the cluster will be asked to do.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Workload {
+    /// Context per sequence (KV cache).
+    pub n_ctx: usize,
+    /// Sequences decoded together in batched steps.
+    pub parallel: usize,
+    /// Prompt length of the time-to-first-token figure.
+    pub prompt: usize,
+    /// Tokens per prefill step.
+    pub ubatch: usize,
+}
+
+impl Default for Workload {
+    fn default() -> Self {
+        Workload {
+            n_ctx: 4096,
+            parallel: 1,
+            prompt: 512,
+            ubatch: 128,
+        }
+    }
+}
+
+/// A layout to evaluate: stage s holds `order[s*w..(s+1)*w]` (w = tp·ep); position p of a
+/// stage is expert group p / tp and expert-column slice p % tp, as weft-cluster lays it.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct LayoutSpec {
+    pub tp: usize,
+    pub ep: usize,
+    pub order: Vec<usize>,
+    pub layers: Vec<usize>,
+    pub tp_weights: Vec<f64>,
+    pub ep_weights: Vec<f64>,
+}
+
+impl LayoutSpec {
+    pub fn width(&self) -> usize {
+        self.tp * self.ep
+    }
+
+    /// Share of attention, dense FFN, head and KV heads of position p.
+    pub fn dense_share(&self, p: usize) -> f64 {
+        let w = |q: usize| self.ep_weights[q / self.tp] * self.tp_weights[q % self.tp];
+        w(p) / (0..self.width()).map(w).sum::<f64>()
+    }
+
+    /// Share of the expert (expert, column) grid of position p.
+    pub fn expert_share(&self, p: usize) -> f64 {
+        let ep: f64 = self.ep_weights.iter().sum();
+        let tp: f64 = self.tp_weights.iter().sum();
+        self.ep_weights[p / self.tp] / ep * self.tp_weights[p % self.tp] / tp
+    }
+}
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Prediction {
+    /// One stream's decode speed.
+    pub decode_tok_s: f64,
+    /// Aggregate decode speed of `parallel` streams in batched steps.
+    pub batch_tok_s: f64,
+    pub prefill_tok_s: f64,
+    /// Time to the first token of a `prompt`-token prompt.
+    pub ttft_s: f64,
+    /// Of one decode step: seconds computing (slowest rank of each stage, summed) and
+    /// seconds in syncs and hand-offs.
+    pub compute_s: f64,
+    pub network_s: f64,
+}
+
+/// Expected busiest expert group's load over the mean, for `k` experts a token routes to
+/// spread over `ep` groups (mean + c·sd of the multinomial; c fitted to the exact E[max]
+/// of two groups, which is what decode waits for).
+fn expert_imbalance(k: usize, ep: usize) -> f64 {
+    if ep <= 1 || k == 0 {
+        return 1.0;
+    }
+    let (k, e) = (k as f64, ep as f64);
+    let mean = k / e;
+    let sd = (k * (1.0 / e) * (1.0 - 1.0 / e)).sqrt();
+    ((mean + 0.68 * (2.0 * e.ln()).sqrt() * sd) / mean).min(e)
+}
+
+/// One step of `tokens` rows: (compute seconds, network seconds).
+fn step(
+    m: &ModelProfile,
+    c: &ClusterProfile,
+    l: &LayoutSpec,
+    tokens: usize,
+    decode: bool,
+) -> (f64, f64) {
+    let w = l.width();
+    let (ne, k) = m.experts.unwrap_or((1, 1));
+    // Distinct experts a step touches (uniform routing): all of them soon in prefill.
+    let touched = 1.0 - (1.0 - k as f64 / ne as f64).powi(tokens as i32);
+    let imbalance = if tokens == 1 {
+        expert_imbalance(k, l.ep)
+    } else {
+        1.0
+    };
+    let (mut compute, mut network) = (0.0, 0.0);
+    let mut first = 0;
+    let stages = l.layers.len();
+    for (s, &count) in l.layers.iter().enumerate() {
+        let members = &l.order[s * w..(s + 1) * w];
+        let range = first..first + count;
+        first += count;
+        let dense: f64 = range.clone().map(|i| m.active_bytes(i).0).sum::<f64>()
+            + if s + 1 == stages {
+                m.head_bytes as f64
+            } else {
+                0.0
+            };
+        let experts: f64 = range.map(|i| m.layers[i].expert_bytes as f64).sum();
+        let slowest = members
+            .iter()
+            .enumerate()
+            .map(|(p, &n)| {
+                let node = &c.nodes[n];
+                let d = dense * l.dense_share(p);
+                let e = experts * l.expert_share(p);
+                // Weights stream once per step; compute grows with the rows.
+                let read = (d + e * touched) / node.decode_bytes_per_s;
+                let work = tokens as f64 * (d + e * k as f64 / ne as f64 * imbalance)
+                    / node.prefill_bytes_per_s;
+                if decode && tokens == 1 {
+                    (d + e * touched * imbalance) / node.decode_bytes_per_s
+                } else {
+                    read.max(work)
+                }
+            })
+            .fold(0.0, f64::max);
+        compute += slowest;
+        if w > 1 {
+            let bytes = tokens as f64 * m.hidden_bytes();
+            let mut worst = 0f64;
+            for &a in members {
+                for &b in members {
+                    if a != b {
+                        let t = c.rtt_us[a][b] * 0.5e-6
+                            + (w - 1) as f64 * bytes / c.bytes_per_s[a][b].max(1.0);
+                        worst = worst.max(t);
+                    }
+                }
+            }
+            network += 2.0 * count as f64 * worst;
+        }
+        if s + 1 < stages {
+            let next = &l.order[(s + 1) * w..(s + 2) * w];
+            let (a, b) = (members[0], next[0]);
+            network += c.rtt_us[a][b] * 0.5e-6
+                + tokens as f64 * m.hidden_bytes() / c.bytes_per_s[a][b].max(1.0);
+        }
+    }
+    // The token in, the top logits out.
+    let (head, tail) = (l.order[0], l.order[l.order.len() - 1]);
+    network += (c.coordinator_rtt_us[head] + c.coordinator_rtt_us[tail]) * 0.5e-6;
+    (compute, network)
+}
+
+/// Predicted speeds of layout `l`.
+pub fn predict(m: &ModelProfile, c: &ClusterProfile, l: &LayoutSpec, w: &Workload) -> Prediction {
+    let (compute, network) = step(m, c, l, 1, true);
+    let one = compute + network;
+    let b = w.parallel.max(1);
+    let batch = if b == 1 {
+        one
+    } else {
+        let (c2, n2) = step(m, c, l, b, true);
+        c2 + n2
+    };
+    let u = w.ubatch.max(1).min(w.prompt.max(1));
+    let (pc, pn) = step(m, c, l, u, false);
+    let prefill_tok_s = u as f64 / (pc + pn);
+    Prediction {
+        decode_tok_s: 1.0 / one,
+        batch_tok_s: b as f64 / batch,
+        prefill_tok_s,
+        ttft_s: w.prompt as f64 / prefill_tok_s + one,
+        compute_s: compute,
+        network_s: network,
+    }
+}
+
+/// Bytes each node of `l` (in `l.order`) needs: its weights and its KV caches, plus a
+/// fixed allowance for the runtime and scratch buffers.
+pub fn memory(m: &ModelProfile, l: &LayoutSpec, w: &Workload) -> Vec<u64> {
+    const RUNTIME: f64 = 64e6;
+    let width = l.width();
+    let stages = l.layers.len();
+    let mut out = vec![0u64; l.order.len()];
+    let mut first = 0;
+    for (s, &count) in l.layers.iter().enumerate() {
+        let range = first..first + count;
+        first += count;
+        let dense: f64 = range
+            .clone()
+            .map(|i| (m.layers[i].attn_bytes + m.layers[i].ffn_bytes) as f64)
+            .sum::<f64>()
+            + if s + 1 == stages {
+                m.head_bytes as f64
+            } else {
+                0.0
+            };
+        let experts: f64 = range.map(|i| m.layers[i].expert_bytes as f64).sum();
+        let kv = (w.n_ctx * w.parallel.max(1) * count) as f64 * m.kv_bytes_per_token as f64;
+        for p in 0..width {
+            let a = l.dense_share(p);
+            // KV heads are whole: a rank holds at least one.
+            let kv_share = a.max(1.0 / m.n_head_kv.max(1) as f64);
+            let bytes = dense * a + experts * l.expert_share(p) + kv * kv_share + RUNTIME;
+            out[s * width + p] = bytes as u64;
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn imbalance_of_two_groups_is_near_the_exact_expectation() {
+        // E[max(X, 8 - X)] with X ~ Bin(8, 1/2) is 4 + E|X - 4| = 5.09: 1.27 of the mean.
+        let f = expert_imbalance(8, 2);
+        assert!((f - 1.27).abs() < 0.03, "{f}");
+        assert_eq!(expert_imbalance(8, 1), 1.0);
+        assert!(expert_imbalance(8, 64) <= 64.0);
+    }
+}
