@@ -49,13 +49,35 @@ fn one_slot() -> usize {
 /// The most sequence slots a plan may ask a node to hold.
 pub const MAX_SLOTS: usize = 256;
 
+/// A survey: the node reports its profile, then joins a group to measure every link.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct SurveyRequest {
+    pub rank: usize,
+    pub group_size: usize,
+    /// Compute threads a run would give the node (its kernels are timed with these).
+    pub threads: usize,
+    pub transport: String,
+    pub link_delay_us: f64,
+    pub timeout_ms: u64,
+    /// Round trips per pair, and bytes of the one-way bandwidth transfer.
+    pub pings: usize,
+    pub bulk: usize,
+}
+
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub enum ToNode {
     Plan(Box<NodePlan>),
+    Survey(Box<SurveyRequest>),
+    /// In a survey, sent to every node at once: time the kernels again while all run,
+    /// to see what nodes sharing a machine's memory get when they compute together.
+    Calibrate,
     /// Every rank's data-plane address, rank order: join the group now.
     Go {
         addrs: Vec<String>,
     },
+    /// A member (or a tool) asks for the member list, telling what it knows; the node
+    /// answers on this link with `discovery::MemberReply`, outside any session.
+    Members(Box<crate::discovery::Gossip>),
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -68,6 +90,15 @@ pub enum FromNode {
     },
     Failed {
         error: String,
+    },
+    /// The answer to a survey: what the node offers, and where its data plane listens.
+    Profile {
+        info: Box<crate::profile::NodeInfo>,
+        data_addr: String,
+    },
+    /// The kernel speeds measured while every surveyed node measured too.
+    Rates {
+        rates: Vec<weft_kernels::calibrate::TypeRate>,
     },
 }
 

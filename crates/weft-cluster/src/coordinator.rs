@@ -200,6 +200,11 @@ impl Cluster {
                     load_rss.push(rss_bytes);
                 }
                 FromNode::Failed { error } => return Err(format!("node {addr}: {error}")),
+                other => {
+                    return Err(format!(
+                        "node {addr}: expected ready or failed, got {other:?}"
+                    ))
+                }
             }
         }
         // Our own data listener, reachable by the nodes at the address we reach them from.
@@ -384,7 +389,7 @@ impl Cluster {
 
 /// Node `rank`'s beats (and the end of its control link) feed the coordinator's table;
 /// the coordinator's own beats relay that table to every node.
-fn coordinator_hooks(liveness: &Arc<Liveness>, rank: usize) -> Hooks {
+pub(crate) fn coordinator_hooks(liveness: &Arc<Liveness>, rank: usize) -> Hooks {
     let (on_beat, on_end, ages) = (liveness.clone(), liveness.clone(), liveness.clone());
     Hooks {
         on_beat: Box::new(move |_| on_beat.heard(rank)),

@@ -227,6 +227,16 @@ where
         write_frame(&mut w, &Envelope::Msg(msg))
     }
 
+    /// Sends a message of another type than `Out`, for a link that turned out to carry
+    /// another conversation (membership requests: `discovery::MemberReply`).
+    pub fn send_as<T: Serialize>(&self, msg: &T) -> Result<(), String> {
+        let mut w = self
+            .writer
+            .lock()
+            .map_err(|_| "the control writer panicked".to_string())?;
+        write_frame(&mut w, &Envelope::Msg(msg))
+    }
+
     /// The next message, waiting as long as the peer keeps beating; fails once it has
     /// been silent for `silence`, or its connection ended.
     pub fn recv(&self, silence: Duration) -> Result<In, String> {

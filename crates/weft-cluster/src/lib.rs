@@ -6,13 +6,16 @@
 
 pub mod control;
 pub mod coordinator;
+pub mod discovery;
 pub mod heartbeat;
 pub mod layout;
 pub mod node;
 pub mod planning;
 pub mod procinfo;
+pub mod profile;
 pub mod stage;
 pub mod step;
+pub mod survey;
 
 pub use coordinator::{Cluster, ClusterOptions, NodeStats};
 pub use layout::{Layout, LayoutRequest};

@@ -17,7 +17,7 @@ use weft_kernels::ThreadPool;
 use weft_model::memory::human_bytes;
 use weft_model::{granularity, KvCache, Model, ModelConfig, SeqSpan, ShardSpec, StageSplit};
 
-use crate::control::{self, FromNode, NodePlan, ToNode};
+use crate::control::{self, FromNode, NodePlan, SurveyRequest, ToNode};
 use crate::heartbeat::{ControlLink, Hooks};
 use crate::stage::StageCollective;
 use crate::step::{
@@ -52,6 +52,13 @@ pub struct NodeOptions {
     /// Bytes this node may use for its shard's weights and KV caches; a plan that needs
     /// more is refused before the weights are read or the caches allocated.
     pub memory_limit: Option<u64>,
+    /// The node's weft home (models/ it holds, calibration/ for its cached kernel speeds).
+    pub home: Option<PathBuf>,
+    /// Test aid: every stretch of compute takes this many times as long (spinning), to
+    /// emulate a slower machine beside faster ones. 1: off.
+    pub slowdown: f64,
+    /// The member list this node keeps and answers membership requests from (`discovery`).
+    pub membership: Option<Arc<crate::discovery::Membership>>,
 }
 
 /// An authenticated coordinator's control link and the liveness its heartbeats feed.
@@ -59,6 +66,8 @@ struct Accepted {
     link: ControlLink<ToNode, FromNode>,
     liveness: Arc<Liveness>,
     from: String,
+    /// The coordinator's first message, read before the session (see `accept_loop`).
+    first: std::cell::Cell<Option<ToNode>>,
 }
 
 /// One session at a time: `busy` while a coordinator is being served.
@@ -102,9 +111,10 @@ pub fn serve(listener: TcpListener, opts: NodeOptions) -> ! {
     let gate = Arc::new(Gate::default());
     {
         let (secret, gate) = (opts.secret.clone(), gate.clone());
+        let members = opts.membership.clone();
         if let Err(e) = std::thread::Builder::new()
             .name("weft-accept".into())
-            .spawn(move || accept_loop(listener, secret, tx, gate))
+            .spawn(move || accept_loop(listener, secret, tx, gate, members))
         {
             tracing::error!("cannot start the accept thread: {e}");
             std::process::exit(1);
@@ -137,6 +147,7 @@ fn accept_loop(
     secret: Vec<u8>,
     tx: mpsc::Sender<Accepted>,
     gate: Arc<Gate>,
+    members: Option<Arc<crate::discovery::Membership>>,
 ) {
     let pending: Arc<Mutex<VecDeque<(u64, TcpStream)>>> = Arc::default();
     let next_id = AtomicU64::new(0);
@@ -165,6 +176,7 @@ fn accept_loop(
         }
         let (secret, tx, gate, pending) =
             (secret.clone(), tx.clone(), gate.clone(), pending.clone());
+        let members = members.clone();
         let spawned = std::thread::Builder::new()
             .name("weft-handshake".into())
             .spawn(move || {
@@ -199,6 +211,26 @@ fn accept_loop(
                         return;
                     }
                 };
+                // A membership request is answered here, beside any session, for as long
+                // as its link lasts; anything else is a coordinator's first message.
+                let first = match link.recv(CONTROL_SILENCE) {
+                    Ok(ToNode::Members(g)) => {
+                        match &members {
+                            Some(m) => m.serve_link(&link, *g, &from),
+                            None => {
+                                let _ = link.send(&FromNode::Failed {
+                                    error: "this node keeps no member list".into(),
+                                });
+                            }
+                        }
+                        return;
+                    }
+                    Ok(m) => m,
+                    Err(e) => {
+                        tracing::debug!("connection from {from} sent nothing: {e}");
+                        return;
+                    }
+                };
                 if !gate.acquire(BUSY_WAIT) {
                     let _ = link.send(&FromNode::Failed {
                         error: format!(
@@ -212,6 +244,7 @@ fn accept_loop(
                     link,
                     liveness,
                     from,
+                    first: std::cell::Cell::new(Some(first)),
                 }) {
                     drop(acc);
                     gate.release();
@@ -259,8 +292,13 @@ fn session(
     cache: &mut Option<Loaded>,
 ) -> Result<(), String> {
     let ctl = &acc.link;
-    let plan = match ctl.recv(CONTROL_SILENCE)? {
+    let plan = match acc
+        .first
+        .take()
+        .map_or_else(|| ctl.recv(CONTROL_SILENCE), Ok)?
+    {
         ToNode::Plan(p) => *p,
+        ToNode::Survey(r) => return survey_session(acc, opts, ip, &r),
         other => return Err(format!("expected a plan, got {other:?}")),
     };
     if plan.group_size < 2 || plan.group_size > MAX_RANKS || plan.rank >= plan.group_size {
@@ -323,7 +361,65 @@ fn session(
     }
     let mut group =
         Group::with_listener(plan.rank, &addrs, data, gopts).map_err(|e| e.to_string())?;
-    run_steps(&mut group, &plan, loaded)
+    run_steps(&mut group, &plan, loaded, opts.slowdown)
+}
+
+/// Reports this node's profile, then measures links in a group with the coordinator and
+/// the other nodes of the survey.
+fn survey_session(
+    acc: &Accepted,
+    opts: &NodeOptions,
+    ip: IpAddr,
+    r: &SurveyRequest,
+) -> Result<(), String> {
+    if r.group_size < 2 || r.group_size > MAX_RANKS || r.rank == 0 || r.rank >= r.group_size {
+        return Err(format!(
+            "the survey puts rank {} in a group of {} (2..={MAX_RANKS})",
+            r.rank, r.group_size
+        ));
+    }
+    if r.pings == 0 || r.pings > 100_000 || r.bulk > 256 << 20 {
+        return Err(format!(
+            "a survey of {} pings and {} bulk bytes (1..=100000, at most 256 MiB)",
+            r.pings, r.bulk
+        ));
+    }
+    acc.liveness.limit_to(r.group_size);
+    let threads = opts.threads.unwrap_or(r.threads).max(1);
+    let info = crate::profile::local_info(
+        opts.home.as_deref(),
+        threads,
+        opts.memory_limit,
+        opts.slowdown,
+    );
+    let data = weft_comm::bind(&format!("{ip}:0")).map_err(|e| e.to_string())?;
+    let data_addr = data.local_addr().map_err(|e| e.to_string())?.to_string();
+    acc.link.send(&FromNode::Profile {
+        info: Box::new(info),
+        data_addr,
+    })?;
+    let addrs = loop {
+        match acc.link.recv(CONTROL_SILENCE)? {
+            ToNode::Go { addrs } => break addrs,
+            ToNode::Calibrate => acc.link.send(&FromNode::Rates {
+                rates: crate::profile::loaded_rates(threads, opts.slowdown),
+            })?,
+            other => return Err(format!("expected go, got {other:?}")),
+        }
+    };
+    let mut gopts = group_options(
+        r.rank,
+        &r.transport,
+        r.link_delay_us,
+        r.timeout_ms,
+        opts.secret.clone(),
+    )?;
+    gopts.liveness = Some(acc.liveness.clone());
+    let mut group = Group::with_listener(r.rank, &addrs, data, gopts).map_err(|e| e.to_string())?;
+    group
+        .probe_links(r.pings, r.bulk)
+        .map_err(|e| format!("measuring links: {e}"))?;
+    Ok(())
 }
 
 /// The data-plane options every member of a cluster group uses; `rank` 0 is the coordinator.
@@ -407,7 +503,12 @@ fn load(
 }
 
 /// Runs steps until the coordinator sends a stop; any error ends the session.
-fn run_steps(group: &mut Group, plan: &NodePlan, l: &mut Loaded) -> Result<(), String> {
+fn run_steps(
+    group: &mut Group,
+    plan: &NodePlan,
+    l: &mut Loaded,
+    slowdown: f64,
+) -> Result<(), String> {
     let members = &plan.stages[plan.stage];
     let position = members
         .iter()
@@ -427,6 +528,7 @@ fn run_steps(group: &mut Group, plan: &NodePlan, l: &mut Loaded) -> Result<(), S
         span_bytes: Vec::new(),
         comm: 0.0,
         syncs: 0,
+        slowdown,
     };
     let (mut compute, mut comm, mut idle, mut steps) = (0f64, 0f64, 0f64, 0u64);
     let err = |e: weft_comm::CommError| e.to_string();
@@ -478,6 +580,8 @@ struct Stepper<'p> {
     /// Seconds of this step spent on the network, and all-reduces so far.
     comm: f64,
     syncs: u64,
+    /// `NodeOptions::slowdown`.
+    slowdown: f64,
 }
 
 fn words(bytes: &[u8]) -> impl Iterator<Item = u32> + '_ {
@@ -626,10 +730,13 @@ impl Stepper<'_> {
             position: self.position,
             comm_secs: 0.0,
             syncs: 0,
+            slowdown: self.slowdown,
+            since: Instant::now(),
         };
         l.model
             .forward_hidden_batch(&self.spans, &mut l.caches, &mut coll, &l.pool)
             .map_err(|e| e.to_string())?;
+        coll.stretch();
         self.comm += coll.comm_secs;
         self.syncs += coll.syncs;
         if !is_last && self.position == 0 {
@@ -656,9 +763,11 @@ impl Stepper<'_> {
         if rows > 0 {
             let n_v = l.model.vocab_range().len();
             self.logits.resize(rows * n_v, 0.0);
+            let t = Instant::now();
             l.model
                 .logits(0..rows, &l.pool, &mut self.logits)
                 .map_err(|e| e.to_string())?;
+            crate::stage::stretch_by(self.slowdown, t.elapsed());
             let k = h.top_k as usize;
             let vocab0 = l.model.vocab_range().start;
             self.reply.clear();

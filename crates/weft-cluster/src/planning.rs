@@ -1,10 +1,13 @@
-//! The planner's view of a model, read from its GGUF metadata and tensor index alone (no
-//! weight is read): bytes per layer as attention, dense FFN or experts, the embedding, the
-//! head, and KV bytes per token.
+//! What the planner is given: a model's profile, read from its GGUF metadata and tensor
+//! index alone (bytes per layer as attention, dense FFN or experts, the embedding, the
+//! head, KV bytes per token, bytes per weight type), and a cluster's, from a survey.
 
-use weft_gguf::GgufFile;
+use weft_gguf::{GgmlType, GgufFile};
+use weft_kernels::calibrate::TypeRate;
 use weft_model::ModelConfig;
-use weft_plan::{LayerProfile, ModelProfile};
+use weft_plan::{ClusterProfile, LayerProfile, ModelProfile, NodeProfile};
+
+use crate::survey::Survey;
 
 /// `file`'s profile for `weft_plan::plan`.
 pub fn model_profile(file: &GgufFile, cfg: &ModelConfig) -> ModelProfile {
@@ -50,6 +53,84 @@ pub fn model_profile(file: &GgufFile, cfg: &ModelConfig) -> ModelProfile {
         head_bytes: head,
         kv_bytes_per_token: (cfg.kv_dim() * 2 * 4) as u64,
         experts: cfg.moe.map(|m| (m.n_expert, m.n_expert_used)),
+    }
+}
+
+/// Bytes of each weight type a decoded token reads: the layers' tensors (a MoE layer's
+/// experts at the share a token uses) and the head.
+pub fn type_mix(file: &GgufFile, cfg: &ModelConfig) -> Vec<(GgmlType, f64)> {
+    let share = cfg
+        .moe
+        .map_or(1.0, |m| m.n_expert_used as f64 / m.n_expert as f64);
+    let mut mix: Vec<(GgmlType, f64)> = Vec::new();
+    let head = if cfg.tied_output {
+        "token_embd.weight"
+    } else {
+        "output.weight"
+    };
+    for t in file.tensors() {
+        if !(t.name.starts_with("blk.") || t.name == head) || t.dims.len() < 2 {
+            continue;
+        }
+        let mut bytes = t.ty.bytes_for(t.n_elements()).unwrap_or(0) as f64;
+        if t.name.contains("_exps.") {
+            bytes *= share;
+        }
+        match mix.iter_mut().find(|(ty, _)| *ty == t.ty) {
+            Some((_, b)) => *b += bytes,
+            None => mix.push((t.ty, bytes)),
+        }
+    }
+    mix
+}
+
+/// A node's streaming rate over a type mix: total bytes over the sum of each type's
+/// bytes / its rate (types it did not measure count at its slowest measured rate).
+fn mixed_rate(rates: &[TypeRate], mix: &[(GgmlType, f64)], pick: fn(&TypeRate) -> f64) -> f64 {
+    let slowest = rates.iter().map(pick).fold(f64::INFINITY, f64::min);
+    let (mut bytes, mut secs) = (0.0, 0.0);
+    for &(ty, b) in mix {
+        let r = weft_kernels::calibrate::rate_of(rates, ty).map_or(slowest, pick);
+        bytes += b;
+        secs += b / r.max(1.0);
+    }
+    if secs > 0.0 {
+        bytes / secs
+    } else {
+        slowest
+    }
+}
+
+/// The planner's cluster from a survey: memory each node offers, its kernel speed over
+/// the model's type mix, the measured links (round trips in µs, bandwidth in bytes/s).
+pub fn cluster_profile(s: &Survey, mix: &[(GgmlType, f64)]) -> ClusterProfile {
+    let n = s.nodes.len();
+    let nodes = s
+        .nodes
+        .iter()
+        .zip(&s.peers)
+        .map(|(info, addr)| NodeProfile {
+            name: format!("{} ({addr})", info.name),
+            memory_bytes: info.offered_memory(),
+            decode_bytes_per_s: mixed_rate(&info.rates, mix, |r| r.decode_bytes_per_s),
+            prefill_bytes_per_s: mixed_rate(&info.rates, mix, |r| r.prefill_bytes_per_s),
+            loaded_decode_bytes_per_s: if info.rates_loaded.is_empty() {
+                0.0
+            } else {
+                mixed_rate(&info.rates_loaded, mix, |r| r.decode_bytes_per_s)
+            },
+        })
+        .collect();
+    let sub = |m: &Vec<Vec<f64>>, scale: f64| -> Vec<Vec<f64>> {
+        (1..=n)
+            .map(|i| (1..=n).map(|j| m[i][j] * scale).collect())
+            .collect()
+    };
+    ClusterProfile {
+        nodes,
+        rtt_us: sub(&s.links.rtt_us, 1.0),
+        bytes_per_s: sub(&s.links.bandwidth_gb_s, 1e9),
+        coordinator_rtt_us: (1..=n).map(|j| s.links.rtt_us[0][j]).collect(),
     }
 }
 

@@ -1,7 +1,7 @@
 //! The tensor-parallel collective of one pipeline stage: weft-model's `Collective` over
 //! the stage's members inside the cluster's data-plane group, timing every wait.
 
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use weft_comm::{Group, Wire};
 use weft_model::Collective;
@@ -15,6 +15,35 @@ pub struct StageCollective<'a> {
     /// Seconds spent inside collectives (network and waiting for slower ranks).
     pub comm_secs: f64,
     pub syncs: u64,
+    /// `weft node --slowdown F`: every stretch of compute is made F times as long.
+    pub slowdown: f64,
+    /// When the current stretch of compute began.
+    pub since: Instant,
+}
+
+impl StageCollective<'_> {
+    /// Ends a stretch of compute: under a slowdown, spins (F - 1) times its length, as a
+    /// slower core would have taken, then starts the next stretch.
+    pub fn stretch(&mut self) {
+        if self.slowdown > 1.0 {
+            let took = self.since.elapsed();
+            let until = Instant::now() + took.mul_f64(self.slowdown - 1.0);
+            while Instant::now() < until {
+                std::hint::spin_loop();
+            }
+        }
+        self.since = Instant::now();
+    }
+}
+
+/// Spins (F - 1) times `took`: the node's slowdown applied to work outside a collective.
+pub fn stretch_by(slowdown: f64, took: Duration) {
+    if slowdown > 1.0 {
+        let until = Instant::now() + took.mul_f64(slowdown - 1.0);
+        while Instant::now() < until {
+            std::hint::spin_loop();
+        }
+    }
 }
 
 impl Collective for StageCollective<'_> {
@@ -25,6 +54,7 @@ impl Collective for StageCollective<'_> {
         self.members.len()
     }
     fn all_reduce_sum(&mut self, buf: &mut [f32]) -> Result<(), String> {
+        self.stretch();
         if self.members.len() == 1 {
             return Ok(());
         }
@@ -35,6 +65,7 @@ impl Collective for StageCollective<'_> {
             .map_err(|e| e.to_string());
         self.comm_secs += t.elapsed().as_secs_f64();
         self.syncs += 1;
+        self.since = Instant::now();
         r
     }
     fn all_gather(

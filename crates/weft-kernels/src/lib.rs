@@ -2,6 +2,7 @@
 //! transformer ops, and the data plane's thread pool. Knows nothing of models or networks.
 
 pub mod activation;
+pub mod calibrate;
 pub mod ops;
 pub mod pool;
 pub mod quant;

@@ -14,6 +14,22 @@ pub struct NodeProfile {
     pub decode_bytes_per_s: f64,
     /// Weight bytes × tokens per second of its prefill kernels (quantized matmul).
     pub prefill_bytes_per_s: f64,
+    /// Decode speed while the other nodes compute too (0: as alone). Nodes that share a
+    /// machine share its memory bandwidth: a tensor-parallel group's members compute at
+    /// once and get this; pipeline stages take turns and get the speed alone.
+    #[serde(default)]
+    pub loaded_decode_bytes_per_s: f64,
+}
+
+impl NodeProfile {
+    /// Decode speed when `together` nodes compute at the same time.
+    pub fn decode_rate(&self, together: usize) -> f64 {
+        if together > 1 && self.loaded_decode_bytes_per_s > 0.0 {
+            self.loaded_decode_bytes_per_s
+        } else {
+            self.decode_bytes_per_s
+        }
+    }
 }
 
 /// A byte count written as any JSON number (`8e9` or `8000000000`).
@@ -204,6 +220,7 @@ mod tests {
             memory_bytes: 1,
             decode_bytes_per_s: 1.0,
             prefill_bytes_per_s: 1.0,
+            loaded_decode_bytes_per_s: 0.0,
         };
         let mut c = ClusterProfile::uniform(
             vec![node("a"), node("b"), node("c"), node("d")],

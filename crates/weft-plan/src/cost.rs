@@ -115,29 +115,30 @@ fn step(
         let members = &l.order[s * w..(s + 1) * w];
         let range = first..first + count;
         first += count;
-        let dense: f64 = range.clone().map(|i| m.active_bytes(i).0).sum::<f64>()
-            + if s + 1 == stages {
-                m.head_bytes as f64
-            } else {
-                0.0
-            };
+        let dense: f64 = range.clone().map(|i| m.active_bytes(i).0).sum();
+        // The head: every row of a decode step, only the last row of a prompt chunk.
+        let (head, head_rows) = match (s + 1 == stages, decode) {
+            (false, _) => (0.0, 0.0),
+            (true, true) => (m.head_bytes as f64, tokens as f64),
+            (true, false) => (m.head_bytes as f64, 1.0),
+        };
         let experts: f64 = range.map(|i| m.layers[i].expert_bytes as f64).sum();
         let slowest = members
             .iter()
             .enumerate()
             .map(|(p, &n)| {
                 let node = &c.nodes[n];
+                let h = head * l.dense_share(p);
                 let d = dense * l.dense_share(p);
                 let e = experts * l.expert_share(p);
-                // Weights stream once per step; compute grows with the rows.
-                let read = (d + e * touched) / node.decode_bytes_per_s;
-                let work = tokens as f64 * (d + e * k as f64 / ne as f64 * imbalance)
-                    / node.prefill_bytes_per_s;
                 if decode && tokens == 1 {
-                    (d + e * touched * imbalance) / node.decode_bytes_per_s
-                } else {
-                    read.max(work)
+                    return (d + h + e * touched * imbalance) / node.decode_rate(w);
                 }
+                // Weights stream once per step; compute grows with the rows.
+                let read = (d + h + e * touched) / node.decode_rate(w);
+                let work = (tokens as f64 * (d + e * k as f64 / ne as f64) + head_rows * h)
+                    / node.prefill_bytes_per_s;
+                read.max(work)
             })
             .fold(0.0, f64::max);
         compute += slowest;

@@ -22,8 +22,13 @@ pub struct Candidate {
     pub unfit: Option<String>,
 }
 
+/// Bytes in decimal units with one decimal: "3.1 GB", "118.9 MB".
 fn gb(b: f64) -> String {
-    format!("{:.1} GB", b / 1e9)
+    let (v, unit) = [(1e12, "TB"), (1e9, "GB"), (1e6, "MB"), (1e3, "kB")]
+        .into_iter()
+        .find(|(u, _)| b >= *u)
+        .unwrap_or((1.0, "B"));
+    format!("{:.1} {unit}", b / v)
 }
 
 /// Every layout of the cluster's nodes (all of them) for `m` under `w`: the ones that fit
@@ -222,7 +227,7 @@ fn balance_layers(m: &ModelProfile, c: &ClusterProfile, w: &Workload, spec: &mut
     for s in 0..pp {
         for p in 0..width {
             let (a, e) = (spec.dense_share(p), spec.expert_share(p));
-            let bw = node(s, p).decode_bytes_per_s;
+            let bw = node(s, p).decode_rate(width);
             per_layer[s] = per_layer[s].max(a * active / bw);
             let head_bytes = if last(s) {
                 m.head_bytes as f64 * a

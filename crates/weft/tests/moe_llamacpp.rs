@@ -41,8 +41,7 @@ fn llamacpp() -> Option<PathBuf> {
     let dir = std::env::var_os("WEFT_LLAMACPP_DIR")
         .map(PathBuf::from)
         .unwrap_or_else(|| PathBuf::from(DEFAULT_DIR));
-    if TOOLS.iter().all(|b| dir.join(b).is_file())
-    {
+    if TOOLS.iter().all(|b| dir.join(b).is_file()) {
         return Some(dir);
     }
     let why = format!(

@@ -1,0 +1,247 @@
+//! What a node offers, as it measures it: memory, cores, OS and CPU, free disk, the model
+//! files it holds, and its kernels' speed per weight type (measured once per CPU model and
+//! thread count, then cached under the node's home directory).
+
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+use weft_kernels::calibrate::{self, TypeRate};
+use weft_kernels::ThreadPool;
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ModelFile {
+    pub name: String,
+    pub bytes: u64,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct NodeInfo {
+    pub name: String,
+    pub cpu: String,
+    pub os: String,
+    pub arch: String,
+    /// Cores this process may run on, and the compute threads it uses.
+    pub cores: usize,
+    pub threads: usize,
+    pub memory_total: u64,
+    pub memory_available: u64,
+    /// `--memory-limit`, if set: what the node offers is the smaller of this and available.
+    pub memory_limit: Option<u64>,
+    pub disk_free: Option<u64>,
+    pub models: Vec<ModelFile>,
+    /// Kernel speeds per weight type, measured alone, already divided by `slowdown`.
+    pub rates: Vec<TypeRate>,
+    /// The same measured while every node of the survey measured too (empty: not
+    /// measured); nodes sharing one machine's memory see less than alone.
+    #[serde(default)]
+    pub rates_loaded: Vec<TypeRate>,
+    /// The test aid `weft node --slowdown F` (1: none).
+    pub slowdown: f64,
+}
+
+impl NodeInfo {
+    /// Bytes the node offers for a shard.
+    pub fn offered_memory(&self) -> u64 {
+        let avail = self.memory_available;
+        self.memory_limit.map_or(avail, |l| l.min(avail))
+    }
+}
+
+fn meminfo(field: &str) -> Option<u64> {
+    let s = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let rest = s
+        .lines()
+        .find_map(|l| l.strip_prefix(field)?.strip_prefix(':'))?;
+    let kb: u64 = rest.split_whitespace().next()?.parse().ok()?;
+    Some(kb * 1024)
+}
+
+fn cpu_model() -> String {
+    std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("model name"))
+                .map(|v| v.trim_start_matches([' ', '\t', ':']).trim().to_string())
+        })
+        .unwrap_or_else(|| "unknown".into())
+}
+
+fn hostname() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|s| s.trim().to_string())
+        .unwrap_or_else(|_| "node".into())
+}
+
+/// Free bytes of the file system holding `dir`.
+fn disk_free(dir: &Path) -> Option<u64> {
+    use std::os::unix::ffi::OsStrExt;
+    let c = std::ffi::CString::new(dir.as_os_str().as_bytes()).ok()?;
+    // SAFETY: statvfs writes into the zeroed struct we own; the path is NUL-terminated.
+    unsafe {
+        let mut st: libc::statvfs = std::mem::zeroed();
+        if libc::statvfs(c.as_ptr(), &mut st) != 0 {
+            return None;
+        }
+        Some(st.f_bavail as u64 * st.f_frsize as u64)
+    }
+}
+
+/// GGUF files directly under `dir` (and one level down: pulled repositories).
+fn model_files(dir: &Path) -> Vec<ModelFile> {
+    fn visit(root: &Path, d: &Path, depth: usize, out: &mut Vec<ModelFile>) {
+        let Ok(rd) = std::fs::read_dir(d) else {
+            return;
+        };
+        for e in rd.flatten() {
+            let p = e.path();
+            if p.is_dir() && depth == 0 {
+                visit(root, &p, 1, out);
+            } else if p.extension().is_some_and(|x| x == "gguf") {
+                out.push(ModelFile {
+                    name: p
+                        .strip_prefix(root)
+                        .unwrap_or(&p)
+                        .to_string_lossy()
+                        .into_owned(),
+                    bytes: e.metadata().map(|m| m.len()).unwrap_or(0),
+                });
+            }
+        }
+    }
+    let mut out = Vec::new();
+    visit(dir, dir, 0, &mut out);
+    out.sort_by(|a, b| a.name.cmp(&b.name));
+    out
+}
+
+/// The cached kernel rates for this CPU and thread count, or a fresh measurement (then
+/// cached). `cache_dir` None: measure, keep nothing.
+pub fn kernel_rates(threads: usize, cache_dir: Option<&Path>) -> Vec<TypeRate> {
+    let key: String = format!("{}-{threads}t-v{}", cpu_model(), env!("CARGO_PKG_VERSION"))
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '-' || c == '.' {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect();
+    let file: Option<PathBuf> = cache_dir.map(|d| d.join(format!("kernels-{key}.json")));
+    if let Some(f) = &file {
+        if let Some(r) = std::fs::read(f)
+            .ok()
+            .and_then(|b| serde_json::from_slice::<Vec<TypeRate>>(&b).ok())
+            .filter(|r| r.len() == calibrate::MEASURED.len())
+        {
+            return r;
+        }
+    }
+    let pool = ThreadPool::new(threads.max(1));
+    // 64 MiB: well past the last-level cache of the machines weft meets.
+    let rates = calibrate::measure(&pool, 64 << 20, 32);
+    if let Some(f) = &file {
+        if let Some(d) = f.parent() {
+            let _ = std::fs::create_dir_all(d);
+        }
+        // A failed cache write only means measuring again next time.
+        if let Ok(text) = serde_json::to_vec_pretty(&rates) {
+            let _ = std::fs::write(f, text);
+        }
+    }
+    rates
+}
+
+/// This node's profile: `home` is its weft home (models/ and the kernel cache).
+pub fn local_info(
+    home: Option<&Path>,
+    threads: usize,
+    memory_limit: Option<u64>,
+    slowdown: f64,
+) -> NodeInfo {
+    let slowdown = if slowdown.is_finite() && slowdown >= 1.0 {
+        slowdown
+    } else {
+        1.0
+    };
+    let mut rates = kernel_rates(threads, home.map(|h| h.join("calibration")).as_deref());
+    for r in &mut rates {
+        r.decode_bytes_per_s /= slowdown;
+        r.prefill_bytes_per_s /= slowdown;
+    }
+    let models_dir = home.map(|h| h.join("models"));
+    NodeInfo {
+        name: hostname(),
+        cpu: cpu_model(),
+        os: std::env::consts::OS.into(),
+        arch: std::env::consts::ARCH.into(),
+        cores: weft_kernels::pool::usable_cores(),
+        threads,
+        memory_total: meminfo("MemTotal").unwrap_or(0),
+        memory_available: meminfo("MemAvailable").unwrap_or(0),
+        memory_limit,
+        disk_free: home.and_then(disk_free),
+        models: models_dir.as_deref().map(model_files).unwrap_or_default(),
+        rates,
+        rates_loaded: Vec::new(),
+        slowdown,
+    }
+}
+
+/// The kernel speeds measured now, uncached, divided by `slowdown` (a survey's loaded
+/// measurement, taken while the other nodes measure too).
+pub fn loaded_rates(threads: usize, slowdown: f64) -> Vec<TypeRate> {
+    let pool = ThreadPool::new(threads.max(1));
+    let mut rates = calibrate::measure(&pool, 64 << 20, 32);
+    let f = if slowdown.is_finite() && slowdown >= 1.0 {
+        slowdown
+    } else {
+        1.0
+    };
+    for r in &mut rates {
+        r.decode_bytes_per_s /= f;
+        r.prefill_bytes_per_s /= f;
+    }
+    rates
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_node_describes_itself_and_caches_its_kernel_speeds() {
+        let home = tempfile::tempdir().unwrap();
+        std::fs::create_dir_all(home.path().join("models/org--repo")).unwrap();
+        std::fs::write(home.path().join("models/a.gguf"), b"1234").unwrap();
+        std::fs::write(home.path().join("models/org--repo/b.gguf"), b"12").unwrap();
+        std::fs::write(home.path().join("models/notes.txt"), b"x").unwrap();
+        let info = local_info(Some(home.path()), 1, Some(1 << 30), 2.0);
+        assert_eq!(
+            info.models,
+            vec![
+                ModelFile {
+                    name: "a.gguf".into(),
+                    bytes: 4
+                },
+                ModelFile {
+                    name: "org--repo/b.gguf".into(),
+                    bytes: 2
+                },
+            ]
+        );
+        assert!(info.memory_total > 0 && info.cores >= 1);
+        assert_eq!(info.offered_memory(), (1 << 30).min(info.memory_available));
+        assert!(info.disk_free.is_some());
+        // Cached: a second call reads the file and halves the same figures.
+        let cached = std::fs::read_dir(home.path().join("calibration"))
+            .unwrap()
+            .count();
+        assert_eq!(cached, 1);
+        let again = local_info(Some(home.path()), 1, None, 1.0);
+        for (slow, fast) in info.rates.iter().zip(&again.rates) {
+            assert!((slow.decode_bytes_per_s * 2.0 - fast.decode_bytes_per_s).abs() < 1.0);
+        }
+    }
+}
