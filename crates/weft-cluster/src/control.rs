@@ -76,8 +76,8 @@ pub enum ToNode {
         addrs: Vec<String>,
     },
     /// A member (or a tool) asks for the member list, telling what it knows; the node
-    /// answers on this link with `discovery::MemberReply`, outside any session.
-    Members(Box<crate::discovery::Gossip>),
+    /// answers on this link with `members::MemberReply`, outside any session.
+    Members(Box<crate::members::Gossip>),
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize)]

@@ -24,12 +24,13 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use mdns_sd::{IfKind, RecvTimeoutError, ServiceDaemon, ServiceEvent, ServiceInfo};
-use serde::{Deserialize, Serialize};
+use serde::Serialize;
 use sha2::{Digest, Sha256};
 use weft_comm::handshake::PROTOCOL_VERSION;
 
 use crate::control::{self, FromNode, ToNode};
 use crate::heartbeat::{ControlLink, Hooks};
+pub use crate::members::{Gossip, MemberInfo, MemberList, MemberReply};
 
 /// The DNS-SD service type nodes announce.
 pub const SERVICE_TYPE: &str = "_weft._tcp.local.";
@@ -85,45 +86,6 @@ pub fn host_name() -> String {
         .filter(|s| !s.is_empty())
         .or_else(|| std::env::var("HOSTNAME").ok())
         .unwrap_or_else(|| "node".into())
-}
-
-/// A member as members describe each other.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct MemberInfo {
-    pub name: String,
-    /// Control address, IP:PORT (an unspecified IP means "the address you reach me by").
-    pub addr: String,
-    #[serde(default)]
-    pub version: u32,
-    /// The instance id (`instance_id`); empty when not known yet.
-    #[serde(default)]
-    pub id: String,
-}
-
-/// A membership request: who asks (absent for a tool such as `weft cluster status`) and
-/// the members it knows to be up.
-#[derive(Clone, Debug, Default, Serialize, Deserialize)]
-pub struct Gossip {
-    #[serde(default)]
-    pub me: Option<MemberInfo>,
-    #[serde(default)]
-    pub known: Vec<MemberInfo>,
-}
-
-/// A node's answer: itself and the members it knows to be up.
-#[derive(Clone, Debug, Serialize, Deserialize)]
-pub struct MemberList {
-    pub me: MemberInfo,
-    #[serde(default)]
-    pub members: Vec<MemberInfo>,
-}
-
-/// A node's answers on a member link. `Failed` has the shape of `FromNode::Failed`, so
-/// a node that refuses the link as it would a coordinator is understood.
-#[derive(Clone, Debug, Serialize, Deserialize)]
-pub enum MemberReply {
-    Members(Box<MemberList>),
-    Failed { error: String },
 }
 
 /// How a member was found.

@@ -228,7 +228,7 @@ where
     }
 
     /// Sends a message of another type than `Out`, for a link that turned out to carry
-    /// another conversation (membership requests: `discovery::MemberReply`).
+    /// another conversation (membership requests: `members::MemberReply`).
     pub fn send_as<T: Serialize>(&self, msg: &T) -> Result<(), String> {
         let mut w = self
             .writer

@@ -9,6 +9,8 @@ pub mod coordinator;
 pub mod discovery;
 pub mod heartbeat;
 pub mod layout;
+pub mod local;
+pub mod members;
 pub mod node;
 pub mod planning;
 pub mod procinfo;

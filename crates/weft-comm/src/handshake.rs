@@ -235,13 +235,18 @@ fn check_peer(peer: &Hello, me: &Hello, expect_rank: Option<usize>) -> Result<()
     Ok(())
 }
 
+/// Every session key the handshakes in this process derived, so a test can show that the
+/// transcript slicing it checks guesses against is the one the real key verifies.
+#[cfg(test)]
+static SESSION_KEYS: std::sync::Mutex<Vec<Vec<u8>>> = std::sync::Mutex::new(Vec::new());
+
 /// The session key from SPAKE2 and what is derived from it.
 struct Keys(Vec<u8>);
 
 impl Keys {
     fn new(k: &[u8]) -> Self {
         #[cfg(test)]
-        tests::SESSION_KEYS
+        SESSION_KEYS
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .push(k.to_vec());

@@ -1,6 +1,7 @@
 //! The GGUF model file: metadata, tensor index and shard byte ranges over mmap, plus a writer.
 
 mod error;
+mod open;
 mod reader;
 mod split;
 mod types;

@@ -87,16 +87,6 @@ pub struct GgufFile {
 }
 
 impl GgufFile {
-    /// Maps and parses `path`; for the first part of a split model
-    /// (`NAME-00001-of-0000N.gguf`) it opens every part.
-    pub fn open(path: impl AsRef<Path>) -> Result<Self, GgufError> {
-        let path = path.as_ref().to_path_buf();
-        let map = map_file(&path)?;
-        let mut f = Self::parse(path, Backing::Mapped(map))?;
-        crate::split::open_parts(&mut f)?;
-        Ok(f)
-    }
-
     /// Parses a file image held in memory (tests, and files received over the network).
     pub fn from_bytes(name: impl Into<PathBuf>, bytes: Vec<u8>) -> Result<Self, GgufError> {
         Self::parse(name.into(), Backing::Owned(bytes))

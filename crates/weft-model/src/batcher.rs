@@ -13,9 +13,9 @@ use std::time::Instant;
 use weft_tokenizer::Tokenizer;
 
 use crate::batch::SeqSpan;
-use crate::engine::{GenerateRequest, Generated};
 use crate::error::ModelError;
 use crate::generate::Sequence;
+use crate::request::{GenerateRequest, Generated};
 
 /// Something that runs batched steps over a fixed set of sequence slots, each with its
 /// own KV cache: the whole model on this node, or a cluster.

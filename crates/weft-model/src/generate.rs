@@ -6,8 +6,8 @@ use std::time::Instant;
 
 use weft_tokenizer::{StreamDecoder, Tokenizer};
 
-use crate::engine::{FinishReason, GenerateRequest, Generated};
 use crate::error::ModelError;
+use crate::request::{FinishReason, GenerateRequest, Generated};
 use crate::sampler::{check_logits, log_sum_exp, top_k_into, NonFinite, Sampler};
 
 /// Something that runs a sequence and yields the logits of its last token.

@@ -2,7 +2,7 @@
 //! (a 4-byte emoji arriving as four byte tokens) wait until the character completes, so the text
 //! emitted so far always equals `decode` of the ids pushed so far, minus any held-back tail.
 
-use crate::Tokenizer;
+use crate::tokenizer::Tokenizer;
 
 /// Turns a stream of token ids into text chunks that never split a character.
 pub struct StreamDecoder<'a> {

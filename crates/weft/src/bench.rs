@@ -1,63 +1,15 @@
 //! `weft bench`: prefill and decode speed measured like llama-bench (median and spread
 //! over repetitions), bytes read per token, the memory-bandwidth roofline, load time and RSS.
 
-use std::path::PathBuf;
 use std::time::Instant;
 
 use anyhow::{Context, Result};
-use clap::Args;
 use serde_json::json;
 use weft_kernels::ThreadPool;
 
+use crate::bench_args::{BenchArgs, BenchWhat};
 use crate::paths::resolve_model;
 use crate::progress::{load_engine, resolve_threads};
-
-#[derive(Args, Debug)]
-#[command(args_conflicts_with_subcommands = true)]
-pub struct BenchArgs {
-    /// Benchmark something other than the model.
-    #[command(subcommand)]
-    pub what: Option<BenchWhat>,
-    #[arg(long)]
-    pub model: Option<PathBuf>,
-    #[arg(long, short = 't')]
-    pub threads: Option<usize>,
-    /// Prompt tokens for the prefill test.
-    #[arg(short = 'p', default_value_t = 128)]
-    pub prefill: usize,
-    /// Tokens for the decode test.
-    #[arg(short = 'n', default_value_t = 64)]
-    pub decode: usize,
-    #[arg(long, short = 'r', default_value_t = 5)]
-    pub reps: usize,
-    /// Also decode this many sequences together in batched steps (aggregate tok/s).
-    #[arg(long, default_value_t = 1)]
-    pub batch: usize,
-    /// Skip the memory-bandwidth probe.
-    #[arg(long)]
-    pub no_bandwidth: bool,
-    #[arg(long)]
-    pub json: bool,
-    /// Across local nodes: layouts to measure side by side, e.g. 1,tp2,pp2,tp2xpp2.
-    #[arg(long, value_delimiter = ',')]
-    pub compare: Vec<String>,
-    /// Across local nodes: link delays (µs) to measure each layout at, e.g. 0,3,300.
-    #[arg(long, value_delimiter = ',')]
-    pub delays: Vec<f64>,
-    #[command(flatten)]
-    pub layout: crate::cluster_cli::LayoutArgs,
-}
-
-#[derive(clap::Subcommand, Debug)]
-pub enum BenchWhat {
-    /// All-reduce latency, ping-pong and bandwidth between local ranks (processes).
-    Comm(crate::bench_comm::CommBenchArgs),
-    /// Streams against `weft serve`: aggregate and per-stream tok/s, time to first token.
-    Serve(crate::bench_serve::ServeBenchArgs),
-    /// One rank of `bench comm` (started by it).
-    #[command(hide = true)]
-    CommRank(crate::bench_comm::CommRankArgs),
-}
 
 pub fn run(a: BenchArgs) -> Result<()> {
     match a.what {

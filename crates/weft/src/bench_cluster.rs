@@ -9,8 +9,9 @@ use anyhow::{anyhow, bail, Context, Result};
 use serde_json::{json, Value};
 use weft_model::Backend;
 
-use crate::bench::BenchArgs;
-use crate::cluster_cli::{open, LayoutArgs, Opened};
+use crate::bench_args::BenchArgs;
+use crate::cluster_open::{open, Opened};
+use crate::layout_args::LayoutArgs;
 use crate::paths::resolve_model;
 
 /// One configuration: "1", "tp2", "pp3", "tp2xpp2" at a given link delay.

@@ -79,7 +79,7 @@ fn found_str(m: &Member) -> String {
 }
 
 fn status(a: StatusArgs) -> Result<()> {
-    let secret = crate::cluster_cli::secret_from(&a.secret)?;
+    let secret = crate::cluster_secret::secret_from(&a.secret)?;
     if a.no_mdns && a.peers.is_empty() {
         bail!("with --no-mdns, give --peers ADDR[,ADDR...] (any member's control address)");
     }

@@ -5,23 +5,32 @@
 mod out;
 
 mod bench;
+mod bench_args;
 mod bench_cluster;
 mod bench_comm;
 mod bench_serve;
+mod best_layout;
+mod chat_template;
 mod cli_run;
 mod cluster_cli;
+mod cluster_open;
+mod cluster_secret;
 mod cluster_status;
 mod inspect;
 mod inspect_check;
+mod layout_args;
 mod memcheck;
 mod paths;
 mod perplexity;
 mod plan;
+mod plan_args;
 mod plan_live;
+mod plan_table;
 mod progress;
 mod pull;
 mod pull_hub;
 mod serve;
+mod serve_args;
 mod serve_cluster;
 mod synth;
 
@@ -45,7 +54,7 @@ enum Cmd {
     /// Generate text from a prompt, on this machine or across a cluster.
     Run(cli_run::RunArgs),
     /// Serve the OpenAI-compatible API, on this machine or across a cluster.
-    Serve(serve::ServeArgs),
+    Serve(serve_args::ServeArgs),
     /// Run a worker node that coordinators send shards and steps to.
     Node(cluster_cli::NodeArgs),
     /// A cluster's members: `weft cluster status`.
@@ -68,7 +77,7 @@ enum Cmd {
     /// Perplexity of a text file, computed as llama.cpp's llama-perplexity does.
     Perplexity(perplexity::PerplexityArgs),
     /// Measure prefill and decode speed, like llama-bench.
-    Bench(bench::BenchArgs),
+    Bench(bench_args::BenchArgs),
     /// Print a GGUF file's metadata and tensor index.
     Inspect {
         model: Option<PathBuf>,
@@ -84,7 +93,7 @@ enum Cmd {
         all: bool,
     },
     /// Rank the layouts of a model on a described cluster, with predicted speed and memory.
-    Plan(plan::PlanArgs),
+    Plan(plan_args::PlanArgs),
     /// Write a synthetic model (random weights) for tests, benches and llama.cpp checks.
     Synth(synth::SynthArgs),
 }
@@ -107,7 +116,7 @@ fn main() {
     let r = match cli.command {
         Cmd::Run(a) => cli_run::run(a),
         Cmd::Node(a) => cluster_cli::node(a),
-        Cmd::Secret => cluster_cli::print_secret(),
+        Cmd::Secret => cluster_secret::print_secret(),
         Cmd::Cluster { cmd } => cluster_status::run(cmd),
         Cmd::Serve(a) => serve::run(a),
         Cmd::Pull { spec: None, force } => pull::pull(force, false).map(|_| ()),

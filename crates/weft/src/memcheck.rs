@@ -7,7 +7,7 @@ use anyhow::{anyhow, Result};
 use weft_gguf::GgufFile;
 use weft_model::{memory, ModelConfig, DEFAULT_UBATCH};
 
-use crate::cluster_cli::LayoutArgs;
+use crate::layout_args::LayoutArgs;
 
 /// Checks `slots` sequences of `n_ctx` tokens of the model at `path` against MemAvailable.
 /// Local nodes (--nodes) share this machine, so the whole cache counts; nodes given by

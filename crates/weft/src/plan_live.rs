@@ -3,68 +3,22 @@
 //! run every layout that fits and print measured decode speed beside the predicted.
 
 use std::path::Path;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use anyhow::{anyhow, bail, Result};
 use serde_json::json;
 use weft_cluster::planning::{cluster_profile, type_mix};
-use weft_cluster::survey::{survey, SurveyOptions};
+use weft_cluster::survey::survey;
 use weft_gguf::GgufFile;
 use weft_model::{Backend, ModelConfig};
 use weft_plan::{plan, Candidate, ModelProfile, Workload};
 
-use crate::cluster_cli::{open, secret_from, start_local_nodes, LayoutArgs};
-use crate::plan::{print_plans, PlanArgs};
-
-/// Surveys `peers` and returns the planner's best layout that fits, with the peers in its
-/// order (a prefix of them when fewer nodes are faster); an error naming why when no
-/// layout fits.
-pub fn best_layout(
-    file: &GgufFile,
-    cfg: &ModelConfig,
-    peers: &[String],
-    secret: &str,
-    l: &LayoutArgs,
-    threads: usize,
-    workload: &Workload,
-) -> Result<(Candidate, Vec<String>)> {
-    let model = weft_cluster::model_profile(file, cfg);
-    let s = survey(peers, &survey_options(secret, l, l.link_delay_us, threads))
-        .map_err(|e| anyhow!("surveying the nodes to plan: {e}"))?;
-    let cluster = cluster_profile(&s, &type_mix(file, cfg));
-    let plans = plan(&model, &cluster, workload).map_err(|e| anyhow!(e))?;
-    let best = plans
-        .into_iter()
-        .next()
-        .ok_or_else(|| anyhow!("the planner found no layout"))?;
-    if let Some(why) = &best.unfit {
-        bail!(
-            "the model fits no layout of these {} nodes: {} (best tried: {})",
-            peers.len(),
-            why,
-            best.name
-        );
-    }
-    let order = best
-        .layout
-        .order
-        .iter()
-        .map(|&i| peers[i].clone())
-        .collect();
-    Ok((best, order))
-}
-
-fn survey_options(secret: &str, l: &LayoutArgs, delay: f64, threads: usize) -> SurveyOptions {
-    SurveyOptions {
-        secret: secret.as_bytes().to_vec(),
-        transport: l.transport.clone(),
-        link_delay_us: delay,
-        timeout: Duration::from_secs(2),
-        threads_per_node: threads,
-        pings: 200,
-        bulk: 1 << 20,
-    }
-}
+use crate::best_layout::survey_options;
+use crate::cluster_open::open;
+use crate::cluster_secret::secret_from;
+use crate::layout_args::LayoutArgs;
+use crate::plan_args::PlanArgs;
+use crate::plan_table::print_plans;
 
 pub fn run(
     a: &PlanArgs,
@@ -83,14 +37,7 @@ pub fn run(
             } else {
                 l.node_threads.unwrap_or((cores / n).max(1))
             };
-            let (nodes, addrs) = start_local_nodes(
-                n,
-                &secret,
-                threads,
-                l.pin,
-                l.node_memory_limit,
-                &l.node_slowdown,
-            )?;
+            let (nodes, addrs) = l.start_local_nodes(n, &secret, threads)?;
             (Some(nodes), addrs, secret, threads)
         }
         (None, false) => {

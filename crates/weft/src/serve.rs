@@ -2,51 +2,18 @@
 //! or as the coordinator of a cluster.
 
 use std::io::Write;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
 
 use anyhow::{anyhow, Context, Result};
-use clap::Args;
 use serde_json::{json, Value};
-use weft_gguf::GgufFile;
 use weft_model::{BatchOptions, LocalBatch};
-use weft_server::{AppState, ChatTemplate, ClusterView, EngineHandle};
-use weft_tokenizer::Tokenizer;
+use weft_server::{AppState, ClusterView, EngineHandle};
 
+use crate::chat_template::chat_template;
 use crate::paths::resolve_model;
 use crate::progress::{load_engine, resolve_threads};
-
-#[derive(Args, Debug)]
-pub struct ServeArgs {
-    /// GGUF model file (default: the model `weft pull` fetched).
-    #[arg(long)]
-    pub model: Option<PathBuf>,
-    #[arg(long, default_value = "127.0.0.1")]
-    pub host: String,
-    /// Port (0 picks a free one; the address is printed).
-    #[arg(long, default_value_t = 8080)]
-    pub port: u16,
-    /// Require this key as `Authorization: Bearer KEY` (or WEFT_API_KEY).
-    #[arg(long)]
-    pub api_key: Option<String>,
-    /// Threads (default: all cores).
-    #[arg(long, short = 't')]
-    pub threads: Option<usize>,
-    /// Context size of each sequence, in tokens.
-    #[arg(long, default_value_t = 4096)]
-    pub ctx: usize,
-    /// Most sequences decoding together; more requests wait in a queue.
-    #[arg(long, default_value_t = 8)]
-    pub parallel: usize,
-    /// Most prompt tokens a step carries beside running decodes.
-    #[arg(long, default_value_t = 32)]
-    pub prefill_chunk: usize,
-    /// The model id the API reports and expects (default: the file's name).
-    #[arg(long)]
-    pub model_id: Option<String>,
-    #[command(flatten)]
-    pub layout: crate::cluster_cli::LayoutArgs,
-}
+use crate::serve_args::ServeArgs;
 
 /// The API key from --api-key, else WEFT_API_KEY. An empty or blank one is refused: it
 /// would turn authentication off (empty) or never match (blank), while the operator
@@ -73,18 +40,6 @@ fn default_model_id(path: &Path) -> String {
     path.file_stem()
         .map(|s| s.to_string_lossy().into_owned())
         .unwrap_or_else(|| "model".into())
-}
-
-/// The file's chat template, or its architecture's turn format.
-pub fn chat_template(file: &GgufFile, tok: &Tokenizer) -> Result<ChatTemplate> {
-    let own = file.get_str("tokenizer.chat_template").ok();
-    let arch = file.get_str("general.architecture").unwrap_or("");
-    let text = |id: Option<u32>| {
-        id.map(|i| tok.token_text(i).to_string())
-            .unwrap_or_default()
-    };
-    ChatTemplate::new(own, arch, &text(tok.bos_id()), &text(tok.eos_id()))
-        .map_err(|e| anyhow!("{}: {e}", file.path().display()))
 }
 
 /// One node holding the whole model.

@@ -8,14 +8,17 @@ use std::sync::{Arc, Mutex};
 
 use anyhow::{Context, Result};
 use serde_json::{json, Value};
+use weft_cluster::local::LocalNodes;
 use weft_cluster::Cluster;
 use weft_gguf::GgufFile;
 use weft_model::{BatchBackend, BatchOptions, ModelError, SeqSpan};
 use weft_server::{ChatTemplate, ClusterView, EngineHandle};
 use weft_tokenizer::Tokenizer;
 
-use crate::cluster_cli::{open, LayoutArgs, LocalNodes, Opened};
-use crate::serve::{chat_template, ServeArgs};
+use crate::chat_template::chat_template;
+use crate::cluster_open::{open, Opened};
+use crate::layout_args::LayoutArgs;
+use crate::serve_args::ServeArgs;
 
 type Started = (
     EngineHandle,

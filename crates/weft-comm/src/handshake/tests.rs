@@ -10,10 +10,6 @@ const HOST_D: [u8; HOST_LEN] = *b"dialler-host-id!";
 const HOST_A: [u8; HOST_LEN] = *b"acceptor-host-id";
 const T: Duration = Duration::from_secs(5);
 
-/// Every session key the handshakes in this process derived, so a test can show that the
-/// transcript slicing it checks guesses against is the one the real key verifies.
-pub(super) static SESSION_KEYS: std::sync::Mutex<Vec<Vec<u8>>> = std::sync::Mutex::new(Vec::new());
-
 struct Run {
     dialler: Result<Hello, String>,
     acceptor: Result<Hello, String>,

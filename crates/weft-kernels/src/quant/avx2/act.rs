@@ -2,7 +2,9 @@
 //! in `quantize.rs` (same products, same rounding), just eight lanes at a time.
 
 use super::super::{blocks, quantize};
-use super::*;
+use std::arch::x86_64::*;
+
+use weft_gguf::GgmlType;
 
 /// Quantize `x` into `dst` in activation format `at` (F32, Q8_0 or Q8_K).
 pub fn quantize_act(at: GgmlType, x: &[f32], dst: &mut [u8]) {

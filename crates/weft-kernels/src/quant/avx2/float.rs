@@ -1,7 +1,9 @@
 //! AVX2 tiles for float weights (F32, F16, BF16) against f32 activations: widen 8
 //! weights to f32 once, FMA them into every token's accumulator. A "block" is one value.
 
-use super::*;
+use std::arch::x86_64::*;
+
+use super::tile::{f16_to_f32, hsum_grid, hsum_ps, load128, read_f32, read_u16, Tile};
 
 /// How to widen 8 weights of a float format.
 pub trait Widen {

@@ -11,7 +11,9 @@
 //! into the super-block sum fuse into one AVX-VNNI `vpdpwssd`, one op fewer per 32 values
 //! and token (the matmul driver picks it where the CPU has AVX-VNNI).
 
-use super::*;
+use std::arch::x86_64::*;
+
+use super::tile::{f16_to_f32, hsum_grid, load128, load256, read_u16, Tile};
 
 const Q8_K_AB: usize = 292;
 const Q8_K_QS: usize = 4;

@@ -14,7 +14,9 @@
 //!
 //! Decode runs one row with two accumulators; prefill runs one row with four tokens.
 
-use super::*;
+use std::arch::x86_64::*;
+
+use super::tile::{hsum_ps, load128, load256, scales8, Tile, COLS};
 use std::mem::MaybeUninit;
 
 /// Nibbles of 16 bytes as 32 unsigned levels: low nibbles are values 0..16, high 16..32.

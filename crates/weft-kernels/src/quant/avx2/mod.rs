@@ -17,11 +17,14 @@ mod act;
 mod float;
 mod kquant;
 mod legacy;
+mod tile;
 mod vnni;
 
 use std::arch::x86_64::*;
 use std::ops::Range;
 use weft_gguf::GgmlType;
+
+use tile::{load256, put, scales8, Tile, COLS, PREFETCH_BYTES};
 
 pub(super) use act::quantize_act;
 
@@ -59,71 +62,11 @@ pub(super) fn supports(w: GgmlType) -> bool {
     w != GgmlType::Q8_K
 }
 
-/// R weight rows dotted with T activations over `nb` blocks.
-pub(super) trait Tile {
-    /// Bytes of one weight block.
-    const WB: usize;
-    /// Bytes of the matching activation block.
-    const AB: usize;
-    /// Whether the tile reads the activation's per-block f32 scales, prepared by the
-    /// driver once per activation.
-    const SCALES: bool;
-    /// Whether it also reads the sum of each activation block's quants.
-    const SUMS: bool = false;
-
-    /// Returns `out[r][t] = dot(rows[r], acts[t])`. When `SCALES`, `as_[t]` holds the
-    /// f32 value of each activation block's f16 scale, zero-padded to `cp` = nb rounded
-    /// up to 8; when `SUMS`, `as_[t] + cp` holds the block sums, padded alike. Otherwise
-    /// `as_` is not read.
-    ///
-    /// # Safety
-    /// The CPU has AVX2, FMA and F16C; each `rows[r]` is readable for `nb * WB` bytes,
-    /// each `acts[t]` for `nb * AB` bytes, and the scale records as described.
-    unsafe fn tile<const R: usize, const T: usize>(
-        rows: [*const u8; R],
-        acts: [*const u8; T],
-        nb: usize,
-        as_: [*const f32; T],
-    ) -> [[f32; T]; R];
-}
-
-/// Blocks per column chunk for the formats with driver-made activation records (bounds
-/// the stack buffers; rows up to 16384 values of the 32-value formats take one chunk,
-/// longer ones are summed chunk by chunk).
-const COLS: usize = 512;
 /// f32 activation scales the matmul driver keeps for a token chunk.
 const ACT_SCALES: usize = 8192;
-/// How far ahead of the decode stream to prefetch (a few rows of the head).
-const PREFETCH_BYTES: usize = 2560;
 /// Activation bytes a token chunk may take, so it stays in L2 while every row of the
 /// range is dotted with it.
 const ACT_CHUNK_BYTES: usize = 192 * 1024;
-
-/// The f16 scales of blocks i..i+8 (of `stride` bytes from `p`) as f32, one
-/// `vcvtph2ps`; blocks at or past `count` read as 0.
-///
-/// # Safety
-/// `p + j * stride` is readable for 2 bytes for every j < count.
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn scales8(p: *const u8, stride: usize, i: usize, count: usize) -> __m256 {
-    let h = if i + 8 <= count {
-        // SAFETY: blocks i..i+8 are below count.
-        let h = |k: usize| unsafe { read_u16(p.add((i + k) * stride)) as i16 };
-        _mm_set_epi16(h(7), h(6), h(5), h(4), h(3), h(2), h(1), h(0))
-    } else {
-        // SAFETY: only blocks below count are read.
-        let h = |k: usize| {
-            if i + k < count {
-                unsafe { read_u16(p.add((i + k) * stride)) as i16 }
-            } else {
-                0
-            }
-        };
-        _mm_set_epi16(h(7), h(6), h(5), h(4), h(3), h(2), h(1), h(0))
-    };
-    _mm256_cvtph_ps(h)
-}
 
 /// The f16 scales of `count` consecutive blocks as f32 into `out` (count rounded up to
 /// 8 long), the padding zero.
@@ -182,16 +125,6 @@ unsafe fn act_record<K: Tile>(p: *const u8, cl: usize, out: &mut [f32]) {
 /// Floats of an activation record for `cl` blocks.
 fn record_len<K: Tile>(cl: usize) -> usize {
     cl.div_ceil(8) * 8 * if K::SUMS { 2 } else { 1 }
-}
-
-/// Writes a tile result, or adds it for the second and later column chunks.
-#[inline(always)]
-fn put(out: &mut [f32], i: usize, v: f32, first: bool) {
-    if first {
-        out[i] = v;
-    } else {
-        out[i] += v;
-    }
 }
 
 /// Matvec, one row at a time.
@@ -489,93 +422,4 @@ pub(super) unsafe fn matmul(
             GgmlType::Q8_K => unreachable!("Q8_K weights take the scalar path"),
         }
     }
-}
-
-// ---- small helpers shared by the kernel files ----
-
-/// Unaligned 32-byte load.
-///
-/// # Safety
-/// `p` is readable for 32 bytes.
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn load256(p: *const u8) -> __m256i {
-    // SAFETY: the caller guarantees 32 readable bytes; loadu has no alignment need.
-    unsafe { _mm256_loadu_si256(p.cast()) }
-}
-
-/// Unaligned 16-byte load.
-///
-/// # Safety
-/// `p` is readable for 16 bytes.
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn load128(p: *const u8) -> __m128i {
-    // SAFETY: the caller guarantees 16 readable bytes; loadu has no alignment need.
-    unsafe { _mm_loadu_si128(p.cast()) }
-}
-
-/// Unaligned little-endian u16 read.
-///
-/// # Safety
-/// `p` is readable for 2 bytes.
-#[inline(always)]
-unsafe fn read_u16(p: *const u8) -> u16 {
-    // SAFETY: the caller guarantees 2 readable bytes.
-    unsafe { p.cast::<u16>().read_unaligned() }
-}
-
-/// Unaligned little-endian f32 read.
-///
-/// # Safety
-/// `p` is readable for 4 bytes.
-#[inline(always)]
-unsafe fn read_f32(p: *const u8) -> f32 {
-    // SAFETY: the caller guarantees 4 readable bytes.
-    unsafe { p.cast::<f32>().read_unaligned() }
-}
-
-/// IEEE half -> f32 with the F16C instruction (no table, no branch).
-///
-/// Written as inline asm on purpose: with the intrinsics, LLVM sees that only lane 0
-/// matters and loads the half with `vpinsrw` into whatever register is free. That merges
-/// into the register's old contents, a false dependency that chained whole loop
-/// iterations together (measured: 3-4x slower kernels).
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
-fn f16_to_f32(h: u16) -> f32 {
-    let x = _mm_cvtsi32_si128(h as i32);
-    let y: __m128;
-    // SAFETY: a register-only conversion; F16C is enabled for this function.
-    unsafe {
-        std::arch::asm!(
-            "vcvtph2ps {y}, {x}",
-            x = in(xmm_reg) x,
-            y = lateout(xmm_reg) y,
-            options(pure, nomem, nostack, preserves_flags)
-        );
-    }
-    _mm_cvtss_f32(y)
-}
-
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
-fn hsum_ps(v: __m256) -> f32 {
-    let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
-    let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    let s = _mm_add_ss(s, _mm_movehdup_ps(s));
-    _mm_cvtss_f32(s)
-}
-
-/// Horizontal sums of an R x T grid of accumulators.
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
-fn hsum_grid<const R: usize, const T: usize>(acc: &[[__m256; T]; R]) -> [[f32; T]; R] {
-    let mut out = [[0.0f32; T]; R];
-    for r in 0..R {
-        for t in 0..T {
-            out[r][t] = hsum_ps(acc[r][t]);
-        }
-    }
-    out
 }

@@ -13,7 +13,11 @@
 //! to signed bytes (levels minus 16 or 8) once per weight pair and then take the same
 //! path, so the unpacking is shared by the tile's eight tokens.
 
-use super::*;
+use std::arch::x86_64::*;
+use std::ops::Range;
+
+use super::legacy;
+use super::tile::{f16_to_f32, load256, put, read_u16, PREFETCH_BYTES};
 
 /// Blocks per column chunk: bounds the per-call activation buffers (32 KiB each).
 const VCOLS: usize = 128;

@@ -1,0 +1,154 @@
+//! A coordinator's cluster from the layout flags: start local nodes (`--nodes N`) or reach
+//! running ones (`--peers`), take the planner's best layout when no layout flag is given,
+//! and connect.
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{anyhow, bail, Context, Result};
+use weft_cluster::local::LocalNodes;
+use weft_cluster::{Cluster, ClusterOptions, Layout, LayoutRequest};
+use weft_gguf::GgufFile;
+use weft_model::{ModelConfig, DEFAULT_UBATCH};
+use weft_tokenizer::Tokenizer;
+
+use crate::best_layout::best_layout;
+use crate::cluster_secret::secret_from;
+use crate::layout_args::LayoutArgs;
+
+/// A running cluster and what a coordinator needs beside it.
+pub struct Opened {
+    pub cluster: Cluster,
+    pub tokenizer: Tokenizer,
+    pub n_vocab: usize,
+    pub peers: Vec<String>,
+    /// Local nodes (with --nodes); dropped after the cluster.
+    pub _local: Option<LocalNodes>,
+}
+
+pub fn open(
+    l: &LayoutArgs,
+    model: &Path,
+    n_ctx: usize,
+    top_k: usize,
+    logprobs: bool,
+    slots: usize,
+) -> Result<Opened> {
+    if l.nodes.is_some() && !l.peers.is_empty() {
+        bail!("give either --nodes (local) or --peers (running nodes), not both");
+    }
+    // A weak --peers secret is refused before the model is read or anything started.
+    let given = if l.peers.is_empty() {
+        None
+    } else {
+        Some(secret_from(&l.secret)?)
+    };
+    let file =
+        Arc::new(GgufFile::open(model).with_context(|| format!("opening {}", model.display()))?);
+    let cfg = ModelConfig::from_gguf(&file)?;
+    let tokenizer = weft_model::vocab::tokenizer_from_gguf(&file)?;
+    let cores = std::thread::available_parallelism()
+        .map(|c| c.get())
+        .unwrap_or(1);
+    let (local, peers, secret) = match (l.nodes, given) {
+        (Some(n), _) => {
+            if n == 0 {
+                bail!("--nodes must be at least 1");
+            }
+            let secret = weft_comm::secret::random_secret();
+            let threads = if l.pin {
+                1
+            } else {
+                l.node_threads.unwrap_or((cores / n).max(1))
+            };
+            let (nodes, addrs) = l.start_local_nodes(n, &secret, threads)?;
+            (Some(nodes), addrs, secret)
+        }
+        (None, Some(secret)) => (None, l.peers.clone(), secret),
+        (None, None) => bail!("no nodes: give --nodes N or --peers A,B"),
+    };
+    let threads = if l.pin {
+        1
+    } else {
+        l.node_threads.unwrap_or((cores / peers.len()).max(1))
+    };
+    let no_layout_flags = l.tp.is_none()
+        && l.pp.is_none()
+        && l.ep.is_none()
+        && l.layers.is_empty()
+        && l.tp_weights.is_empty()
+        && l.ep_weights.is_empty();
+    let (peers, request) = if no_layout_flags && peers.len() > 1 {
+        // No layout given: survey the nodes and run the planner's best layout.
+        let workload = weft_plan::Workload {
+            n_ctx: n_ctx.min(cfg.n_ctx_train).max(1),
+            parallel: slots.max(1),
+            ..weft_plan::Workload::default()
+        };
+        let (best, order) = best_layout(&file, &cfg, &peers, &secret, l, threads, &workload)?;
+        let f = &best.prediction;
+        eprintln!(
+            "plan: {} on {} of {} nodes (layers {:?}): predicted {:.1} tok/s decode, {:.0} tok/s prefill; `weft plan` shows every layout, --tp/--pp/--ep override",
+            best.name,
+            order.len(),
+            peers.len(),
+            best.layout.layers,
+            f.decode_tok_s,
+            f.prefill_tok_s
+        );
+        let request = LayoutRequest {
+            nodes: order.len(),
+            tp: Some(best.layout.tp),
+            pp: Some(best.pp),
+            ep: Some(best.layout.ep),
+            n_layer: cfg.n_layer,
+            layer_counts: Some(best.layout.layers.clone()),
+            tp_weights: Some(best.layout.tp_weights.clone()),
+            ep_weights: Some(best.layout.ep_weights.clone()),
+        };
+        (order, request)
+    } else {
+        let request = LayoutRequest {
+            nodes: peers.len(),
+            tp: l.tp,
+            pp: l.pp,
+            ep: l.ep,
+            n_layer: cfg.n_layer,
+            layer_counts: (!l.layers.is_empty()).then(|| l.layers.clone()),
+            tp_weights: (!l.tp_weights.is_empty()).then(|| l.tp_weights.clone()),
+            ep_weights: (!l.ep_weights.is_empty()).then(|| l.ep_weights.clone()),
+        };
+        (peers, request)
+    };
+    let layout = Layout::plan(&request).map_err(|e| anyhow!(e))?;
+    if layout.ep > 1 && cfg.moe.is_none() {
+        bail!(
+            "--ep {}: {} has no routed experts to split",
+            layout.ep,
+            model.display()
+        );
+    }
+    let opts = ClusterOptions {
+        secret: secret.into_bytes(),
+        model: model.to_string_lossy().into_owned(),
+        n_vocab: cfg.n_vocab,
+        n_ctx: n_ctx.min(cfg.n_ctx_train).max(1),
+        ubatch: DEFAULT_UBATCH,
+        slots: slots.max(1),
+        threads_per_node: threads,
+        transport: l.transport.clone(),
+        link_delay_us: l.link_delay_us,
+        timeout: Duration::from_secs(2),
+        top_k,
+        logprobs,
+    };
+    let cluster = Cluster::connect(&peers, layout, opts).map_err(|e| anyhow!(e))?;
+    Ok(Opened {
+        cluster,
+        tokenizer,
+        n_vocab: cfg.n_vocab,
+        peers,
+        _local: local,
+    })
+}

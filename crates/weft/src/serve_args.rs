@@ -1,0 +1,39 @@
+//! `weft serve`'s flags.
+
+use std::path::PathBuf;
+
+use clap::Args;
+
+use crate::layout_args::LayoutArgs;
+
+#[derive(Args, Debug)]
+pub struct ServeArgs {
+    /// GGUF model file (default: the model `weft pull` fetched).
+    #[arg(long)]
+    pub model: Option<PathBuf>,
+    #[arg(long, default_value = "127.0.0.1")]
+    pub host: String,
+    /// Port (0 picks a free one; the address is printed).
+    #[arg(long, default_value_t = 8080)]
+    pub port: u16,
+    /// Require this key as `Authorization: Bearer KEY` (or WEFT_API_KEY).
+    #[arg(long)]
+    pub api_key: Option<String>,
+    /// Threads (default: all cores).
+    #[arg(long, short = 't')]
+    pub threads: Option<usize>,
+    /// Context size of each sequence, in tokens.
+    #[arg(long, default_value_t = 4096)]
+    pub ctx: usize,
+    /// Most sequences decoding together; more requests wait in a queue.
+    #[arg(long, default_value_t = 8)]
+    pub parallel: usize,
+    /// Most prompt tokens a step carries beside running decodes.
+    #[arg(long, default_value_t = 32)]
+    pub prefill_chunk: usize,
+    /// The model id the API reports and expects (default: the file's name).
+    #[arg(long)]
+    pub model_id: Option<String>,
+    #[command(flatten)]
+    pub layout: LayoutArgs,
+}
