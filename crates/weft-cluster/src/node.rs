@@ -109,6 +109,12 @@ pub fn serve(listener: TcpListener, opts: NodeOptions) -> ! {
         .unwrap_or(IpAddr::from([127, 0, 0, 1]));
     let (tx, rx) = mpsc::channel::<Accepted>();
     let gate = Arc::new(Gate::default());
+    if let Some(home) = opts.home.clone() {
+        // The model files' content hashes, for surveys; a failure only leaves them out.
+        let _ = std::thread::Builder::new()
+            .name("weft-hash-models".into())
+            .spawn(move || crate::profile::hash_models(&home));
+    }
     {
         let (secret, gate) = (opts.secret.clone(), gate.clone());
         let members = opts.membership.clone();
@@ -385,7 +391,11 @@ fn survey_session(
         ));
     }
     acc.liveness.limit_to(r.group_size);
-    let threads = opts.threads.unwrap_or(r.threads).max(1);
+    let own = weft_kernels::pool::usable_cores();
+    let threads = opts
+        .threads
+        .unwrap_or(if r.threads == 0 { own } else { r.threads })
+        .max(1);
     let info = crate::profile::local_info(
         opts.home.as_deref(),
         threads,

@@ -114,10 +114,16 @@ pub fn cluster_profile(s: &Survey, mix: &[(GgmlType, f64)]) -> ClusterProfile {
             memory_bytes: info.offered_memory(),
             decode_bytes_per_s: mixed_rate(&info.rates, mix, |r| r.decode_bytes_per_s),
             prefill_bytes_per_s: mixed_rate(&info.rates, mix, |r| r.prefill_bytes_per_s),
+            // Sharing memory only slows a node: a loaded figure above the solo one is a
+            // window that ran partly alone.
             loaded_decode_bytes_per_s: if info.rates_loaded.is_empty() {
                 0.0
             } else {
-                mixed_rate(&info.rates_loaded, mix, |r| r.decode_bytes_per_s)
+                mixed_rate(&info.rates_loaded, mix, |r| r.decode_bytes_per_s).min(mixed_rate(
+                    &info.rates,
+                    mix,
+                    |r| r.decode_bytes_per_s,
+                ))
             },
         })
         .collect();

@@ -12,6 +12,72 @@ use weft_kernels::ThreadPool;
 pub struct ModelFile {
     pub name: String,
     pub bytes: u64,
+    /// The content's SHA-256 (hex), once the node has hashed the file (in the background
+    /// from its start; cached by name, size and modification time).
+    #[serde(default)]
+    pub sha256: Option<String>,
+}
+
+/// The hash cache's key of a file: a changed size or modification time means rehashing.
+fn hash_key(name: &str, meta: &std::fs::Metadata) -> String {
+    let mtime = meta
+        .modified()
+        .ok()
+        .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+        .map_or(0, |d| d.as_secs());
+    format!("{name}|{}|{mtime}", meta.len())
+}
+
+fn read_hashes(cache: &Path) -> std::collections::BTreeMap<String, String> {
+    std::fs::read(cache)
+        .ok()
+        .and_then(|b| serde_json::from_slice(&b).ok())
+        .unwrap_or_default()
+}
+
+/// Hashes every model file under `home/models` that the cache under `home/calibration`
+/// lacks, and records it (written whole to a temporary file, then renamed, so two nodes
+/// of one home never leave a torn cache). Meant for a background thread at node start.
+pub fn hash_models(home: &Path) {
+    use sha2::{Digest, Sha256};
+    use std::io::Read;
+    let dir = home.join("models");
+    let cache = home.join("calibration").join("model-hashes.json");
+    for f in model_files(&dir, None) {
+        let path = dir.join(&f.name);
+        let Ok(meta) = std::fs::metadata(&path) else {
+            continue;
+        };
+        let key = hash_key(&f.name, &meta);
+        if read_hashes(&cache).contains_key(&key) {
+            continue;
+        }
+        let Ok(mut file) = std::fs::File::open(&path) else {
+            continue;
+        };
+        let mut h = Sha256::new();
+        let mut buf = vec![0u8; 1 << 20];
+        let ok = loop {
+            match file.read(&mut buf) {
+                Ok(0) => break true,
+                Ok(n) => h.update(&buf[..n]),
+                Err(_) => break false,
+            }
+        };
+        if !ok {
+            continue;
+        }
+        let hex: String = h.finalize().iter().map(|b| format!("{b:02x}")).collect();
+        let mut all = read_hashes(&cache);
+        all.insert(key, hex);
+        if let (Some(parent), Ok(text)) = (cache.parent(), serde_json::to_vec_pretty(&all)) {
+            let _ = std::fs::create_dir_all(parent);
+            let tmp = parent.join(format!("model-hashes.{}.tmp", std::process::id()));
+            if std::fs::write(&tmp, text).is_ok() {
+                let _ = std::fs::rename(&tmp, &cache);
+            }
+        }
+    }
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -87,8 +153,9 @@ fn disk_free(dir: &Path) -> Option<u64> {
     }
 }
 
-/// GGUF files directly under `dir` (and one level down: pulled repositories).
-fn model_files(dir: &Path) -> Vec<ModelFile> {
+/// GGUF files directly under `dir` (and one level down: pulled repositories), with their
+/// hashes from the cache file `hashes` where it has them.
+fn model_files(dir: &Path, hashes: Option<&Path>) -> Vec<ModelFile> {
     fn visit(root: &Path, d: &Path, depth: usize, out: &mut Vec<ModelFile>) {
         let Ok(rd) = std::fs::read_dir(d) else {
             return;
@@ -105,6 +172,7 @@ fn model_files(dir: &Path) -> Vec<ModelFile> {
                         .to_string_lossy()
                         .into_owned(),
                     bytes: e.metadata().map(|m| m.len()).unwrap_or(0),
+                    sha256: None,
                 });
             }
         }
@@ -112,6 +180,14 @@ fn model_files(dir: &Path) -> Vec<ModelFile> {
     let mut out = Vec::new();
     visit(dir, dir, 0, &mut out);
     out.sort_by(|a, b| a.name.cmp(&b.name));
+    if let Some(cache) = hashes {
+        let known = read_hashes(cache);
+        for f in &mut out {
+            if let Ok(meta) = std::fs::metadata(dir.join(&f.name)) {
+                f.sha256 = known.get(&hash_key(&f.name, &meta)).cloned();
+            }
+        }
+    }
     out
 }
 
@@ -182,7 +258,12 @@ pub fn local_info(
         memory_available: meminfo("MemAvailable").unwrap_or(0),
         memory_limit,
         disk_free: home.and_then(disk_free),
-        models: models_dir.as_deref().map(model_files).unwrap_or_default(),
+        models: match (models_dir.as_deref(), home) {
+            (Some(d), Some(h)) => {
+                model_files(d, Some(&h.join("calibration").join("model-hashes.json")))
+            }
+            _ => Vec::new(),
+        },
         rates,
         rates_loaded: Vec::new(),
         slowdown,
@@ -193,7 +274,7 @@ pub fn local_info(
 /// measurement, taken while the other nodes measure too).
 pub fn loaded_rates(threads: usize, slowdown: f64) -> Vec<TypeRate> {
     let pool = ThreadPool::new(threads.max(1));
-    let mut rates = calibrate::measure(&pool, 64 << 20, 32);
+    let mut rates = calibrate::measure_decode_together(&pool, 64 << 20, 0.1);
     let f = if slowdown.is_finite() && slowdown >= 1.0 {
         slowdown
     } else {
@@ -218,25 +299,34 @@ mod tests {
         std::fs::write(home.path().join("models/org--repo/b.gguf"), b"12").unwrap();
         std::fs::write(home.path().join("models/notes.txt"), b"x").unwrap();
         let info = local_info(Some(home.path()), 1, Some(1 << 30), 2.0);
-        assert_eq!(
-            info.models,
-            vec![
-                ModelFile {
-                    name: "a.gguf".into(),
-                    bytes: 4
-                },
-                ModelFile {
-                    name: "org--repo/b.gguf".into(),
-                    bytes: 2
-                },
-            ]
+        let names: Vec<(&str, u64)> = info
+            .models
+            .iter()
+            .map(|m| (m.name.as_str(), m.bytes))
+            .collect();
+        assert_eq!(names, vec![("a.gguf", 4), ("org--repo/b.gguf", 2)]);
+        assert!(
+            info.models.iter().all(|m| m.sha256.is_none()),
+            "not hashed yet"
         );
+        hash_models(home.path());
+        let hashed = local_info(Some(home.path()), 1, None, 1.0);
+        // sha256("1234")
+        assert_eq!(
+            hashed.models[0].sha256.as_deref(),
+            Some("03ac674216f3e15c761ee1a5e255f067953623c8b388b4459e13f978d7c846f4")
+        );
+        assert!(hashed.models[1].sha256.is_some());
         assert!(info.memory_total > 0 && info.cores >= 1);
         assert_eq!(info.offered_memory(), (1 << 30).min(info.memory_available));
         assert!(info.disk_free.is_some());
         // Cached: a second call reads the file and halves the same figures.
         let cached = std::fs::read_dir(home.path().join("calibration"))
             .unwrap()
+            .filter(|e| {
+                let name = e.as_ref().unwrap().file_name();
+                name.to_string_lossy().starts_with("kernels-")
+            })
             .count();
         assert_eq!(cached, 1);
         let again = local_info(Some(home.path()), 1, None, 1.0);

@@ -97,6 +97,50 @@ pub fn measure(pool: &ThreadPool, decode_bytes: usize, tokens: usize) -> Vec<Typ
         .collect()
 }
 
+/// Decode speed of every type while other processes may stream too: all matrices are
+/// built first, then each type streams for `window` seconds and the rate is the mean
+/// over it (so nodes told to measure at once overlap, and the figure includes their
+/// contention for memory). Prefill is not measured (0).
+pub fn measure_decode_together(
+    pool: &ThreadPool,
+    decode_bytes: usize,
+    window: f64,
+) -> Vec<TypeRate> {
+    const N: usize = 2048;
+    let built: Vec<(GgmlType, Vec<u8>, usize, Vec<u8>)> = MEASURED
+        .iter()
+        .map(|&ty| {
+            let (w, rows) = matrix(ty, N, decode_bytes);
+            let x: Vec<f32> = (0..N).map(|i| (i as f32 * 0.01).sin()).collect();
+            let mut a = vec![0u8; quant::act_bytes(ty, N)];
+            quant::quantize_act(ty, &x, &mut a);
+            (ty, w, rows, a)
+        })
+        .collect();
+    built
+        .iter()
+        .map(|(ty, w, rows, act)| {
+            let mut out = vec![0f32; *rows];
+            let t = Instant::now();
+            let mut passes = 0usize;
+            while passes == 0 || t.elapsed().as_secs_f64() < window {
+                let p = SendOut(out.as_mut_ptr());
+                pool.for_ranges(*rows, 4, &|r| {
+                    // SAFETY: for_ranges hands out disjoint row ranges of `out`.
+                    let o = unsafe { std::slice::from_raw_parts_mut(p.at(r.start), r.len()) };
+                    quant::matvec(*ty, N, w, r, act, o);
+                });
+                passes += 1;
+            }
+            TypeRate {
+                ty: ty.name().to_string(),
+                decode_bytes_per_s: (w.len() * passes) as f64 / t.elapsed().as_secs_f64(),
+                prefill_bytes_per_s: 0.0,
+            }
+        })
+        .collect()
+}
+
 #[derive(Clone, Copy)]
 struct SendOut(*mut f32);
 // SAFETY: used only to hand pool tasks disjoint parts of one buffer.

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use anyhow::{anyhow, bail, Result};
 use weft_cluster::planning::{cluster_profile, type_mix};
-use weft_cluster::survey::{survey, SurveyOptions};
+use weft_cluster::survey::{survey, Survey, SurveyOptions};
 use weft_gguf::GgufFile;
 use weft_model::ModelConfig;
 use weft_plan::{plan, Candidate, Workload};
@@ -23,7 +23,7 @@ pub fn best_layout(
     l: &LayoutArgs,
     threads: usize,
     workload: &Workload,
-) -> Result<(Candidate, Vec<String>)> {
+) -> Result<(Candidate, Vec<String>, Survey)> {
     let model = weft_cluster::model_profile(file, cfg);
     let s = survey(peers, &survey_options(secret, l, l.link_delay_us, threads))
         .map_err(|e| anyhow!("surveying the nodes to plan: {e}"))?;
@@ -47,7 +47,7 @@ pub fn best_layout(
         .iter()
         .map(|&i| peers[i].clone())
         .collect();
-    Ok((best, order))
+    Ok((best, order, s))
 }
 
 pub fn survey_options(secret: &str, l: &LayoutArgs, delay: f64, threads: usize) -> SurveyOptions {

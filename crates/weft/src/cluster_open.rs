@@ -25,6 +25,8 @@ pub struct Opened {
     pub peers: Vec<String>,
     /// Local nodes (with --nodes); dropped after the cluster.
     pub _local: Option<LocalNodes>,
+    /// Without layout flags: the planner's choice and the survey it was made from.
+    pub planned: Option<(weft_plan::Candidate, weft_cluster::survey::Survey)>,
 }
 
 pub fn open(
@@ -79,14 +81,15 @@ pub fn open(
         && l.layers.is_empty()
         && l.tp_weights.is_empty()
         && l.ep_weights.is_empty();
-    let (peers, request) = if no_layout_flags && peers.len() > 1 {
+    let (peers, request, planned) = if no_layout_flags && peers.len() > 1 {
         // No layout given: survey the nodes and run the planner's best layout.
         let workload = weft_plan::Workload {
             n_ctx: n_ctx.min(cfg.n_ctx_train).max(1),
             parallel: slots.max(1),
             ..weft_plan::Workload::default()
         };
-        let (best, order) = best_layout(&file, &cfg, &peers, &secret, l, threads, &workload)?;
+        let (best, order, survey) =
+            best_layout(&file, &cfg, &peers, &secret, l, threads, &workload)?;
         let f = &best.prediction;
         eprintln!(
             "plan: {} on {} of {} nodes (layers {:?}): predicted {:.1} tok/s decode, {:.0} tok/s prefill; `weft plan` shows every layout, --tp/--pp/--ep override",
@@ -107,7 +110,7 @@ pub fn open(
             tp_weights: Some(best.layout.tp_weights.clone()),
             ep_weights: Some(best.layout.ep_weights.clone()),
         };
-        (order, request)
+        (order, request, Some((best, survey)))
     } else {
         let request = LayoutRequest {
             nodes: peers.len(),
@@ -119,7 +122,7 @@ pub fn open(
             tp_weights: (!l.tp_weights.is_empty()).then(|| l.tp_weights.clone()),
             ep_weights: (!l.ep_weights.is_empty()).then(|| l.ep_weights.clone()),
         };
-        (peers, request)
+        (peers, request, None)
     };
     let layout = Layout::plan(&request).map_err(|e| anyhow!(e))?;
     if layout.ep > 1 && cfg.moe.is_none() {
@@ -150,5 +153,6 @@ pub fn open(
         n_vocab: cfg.n_vocab,
         peers,
         _local: local,
+        planned,
     })
 }

@@ -47,6 +47,11 @@ pub struct StatusArgs {
     /// refused) as it happens, until interrupted.
     #[arg(long)]
     pub watch: bool,
+    /// Also ask every member that is up for its profile (memory, cores, disk, model
+    /// files, kernel speeds) and measure the links between all of them (a survey; a node
+    /// busy serving a coordinator cannot answer it).
+    #[arg(long)]
+    pub measure: bool,
 }
 
 pub fn run(cmd: ClusterCmd) -> Result<()> {
@@ -94,15 +99,42 @@ fn status(a: StatusArgs) -> Result<()> {
     )
     .map_err(|e| anyhow!(e))?;
     let id = membership.cluster_id().to_string();
+    let up: Vec<String> = members
+        .iter()
+        .filter(|m| m.state == State::Up)
+        .map(|m| m.addr.clone())
+        .collect();
+    let survey = if a.measure && !up.is_empty() {
+        let opts = weft_cluster::survey::SurveyOptions {
+            secret: secret.as_bytes().to_vec(),
+            transport: "auto".into(),
+            link_delay_us: 0.0,
+            timeout: Duration::from_secs(2),
+            // 0: each node times its kernels with its own thread count.
+            threads_per_node: 0,
+            pings: 200,
+            bulk: 1 << 20,
+        };
+        Some(weft_cluster::survey::survey(&up, &opts).map_err(|e| anyhow!("measuring: {e}"))?)
+    } else {
+        None
+    };
     if a.json {
         let out = StatusOut {
             cluster_id: &id,
             protocol: PROTOCOL_VERSION,
             members: members.iter().map(|m| MemberOut { member: m }).collect(),
         };
-        outln!("{}", serde_json::to_string(&out)?)?;
+        let mut v = serde_json::to_value(&out)?;
+        if let Some(s) = &survey {
+            v["survey"] = serde_json::to_value(s)?;
+        }
+        outln!("{v}")?;
     } else {
         print_table(&id, &members)?;
+        if let Some(s) = &survey {
+            print_survey(s)?;
+        }
         if members.is_empty() {
             eprintln!(
                 "no members found{}: is a node running with this secret? Where multicast \
@@ -165,6 +197,47 @@ fn print_table(id: &str, members: &[Member]) -> Result<()> {
     outln!("{}", line(head))?;
     for r in &rows {
         outln!("{}", line(r.each_ref().map(String::as_str)))?;
+    }
+    Ok(())
+}
+
+/// The members' profiles and the link matrix (rank 0: this process).
+fn print_survey(s: &weft_cluster::survey::Survey) -> Result<()> {
+    outln!("profiles:")?;
+    for (addr, n) in s.peers.iter().zip(&s.nodes) {
+        let q4k = n
+            .rates
+            .iter()
+            .find(|r| r.ty == "Q4_K")
+            .map_or(0.0, |r| r.decode_bytes_per_s / 1e9);
+        outln!(
+            "  {} ({addr}): {} {} {}, {} cores ({} threads), memory {:.1} of {:.1} GB free{}, \
+             disk {} free, {} model files, Q4_K decode {q4k:.1} GB/s",
+            n.name,
+            n.cpu,
+            n.os,
+            n.arch,
+            n.cores,
+            n.threads,
+            n.memory_available as f64 / 1e9,
+            n.memory_total as f64 / 1e9,
+            n.memory_limit
+                .map(|l| format!(" (limit {:.1} GB)", l as f64 / 1e9))
+                .unwrap_or_default(),
+            n.disk_free
+                .map(|d| format!("{:.1} GB", d as f64 / 1e9))
+                .unwrap_or_else(|| "?".into()),
+            n.models.len()
+        )?;
+    }
+    outln!("links (round trip µs / GB/s; row and column 0 are this process):")?;
+    for (i, row) in s.links.rtt_us.iter().enumerate() {
+        let cells: Vec<String> = row
+            .iter()
+            .zip(&s.links.bandwidth_gb_s[i])
+            .map(|(r, b)| format!("{r:>8.1}/{b:<5.1}"))
+            .collect();
+        outln!("  {i:>3} {}", cells.join(" ").trim_end())?;
     }
     Ok(())
 }

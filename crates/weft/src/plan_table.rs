@@ -49,7 +49,7 @@ pub fn print_plans(
         outln!(
             "{}",
             json!({"model": path.display().to_string(), "total_bytes": model.total_bytes(),
-                   "nodes": cluster.nodes.len(), "plan_secs": secs, "plans": rows})
+                   "nodes": cluster.nodes.len(), "plan_secs": secs, "cluster": cluster, "plans": rows})
         )?;
         return Ok(());
     }

@@ -19,6 +19,8 @@ use crate::chat_template::chat_template;
 use crate::cluster_open::{open, Opened};
 use crate::layout_args::LayoutArgs;
 use crate::serve_args::ServeArgs;
+use weft_cluster::survey::Survey;
+use weft_plan::Candidate;
 
 type Started = (
     EngineHandle,
@@ -99,9 +101,22 @@ struct Reforming {
 }
 
 impl Reforming {
-    fn take(&mut self, cluster: Cluster, local: Option<LocalNodes>) {
+    fn take(
+        &mut self,
+        cluster: Cluster,
+        local: Option<LocalNodes>,
+        planned: Option<(Candidate, Survey)>,
+    ) {
         if let Ok(mut d) = self.described.lock() {
             *d = describe(&cluster);
+            // What the planner chose and the measurements it chose from (only when the
+            // layout was planned, not given by flags).
+            if let Some((c, s)) = planned {
+                d["plan"] = json!({
+                    "layout": c.name, "prediction": c.prediction, "memory_bytes": c.memory,
+                    "profiles": s.nodes, "links": s.links, "surveyed": s.peers,
+                });
+            }
         }
         self.live = Some((cluster, local));
     }
@@ -111,7 +126,7 @@ impl Reforming {
             eprintln!("weft serve: forming the cluster again");
             let opened = open(&self.layout, &self.path, self.ctx, TOP_K, true, self.slots)
                 .map_err(|e| ModelError::Collective(format!("the cluster is down: {e:#}")))?;
-            self.take(opened.cluster, opened._local);
+            self.take(opened.cluster, opened._local, opened.planned);
         }
         self.live
             .as_mut()
@@ -162,6 +177,7 @@ pub fn start(a: &ServeArgs, path: &Path, opts: BatchOptions) -> Result<Started> 
         cluster,
         tokenizer,
         _local: local,
+        planned,
         ..
     } = opened;
     let tokenizer = Arc::new(tokenizer);
@@ -177,7 +193,7 @@ pub fn start(a: &ServeArgs, path: &Path, opts: BatchOptions) -> Result<Started> 
         described: described.clone(),
         empty: Vec::new(),
     };
-    backend.take(cluster, local);
+    backend.take(cluster, local, planned);
     let handle = EngineHandle::start(backend, tokenizer.clone(), opts)
         .context("starting the batcher thread")?;
     Ok((

@@ -223,3 +223,72 @@ fn run_without_layout_flags_plans_under_memory_caps() {
         "{err}"
     );
 }
+
+/// Kills a child process when dropped (a failed assertion too).
+struct Reap(std::process::Child);
+impl Drop for Reap {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+#[test]
+fn the_planned_layout_and_its_measurements_are_shown() {
+    let dir = tempfile::tempdir().unwrap();
+    let m = moe_model(dir.path());
+    // `weft serve` without layout flags: /v1/cluster shows the plan and the survey.
+    let mut serve = Reap(
+        std::process::Command::new(env!("CARGO_BIN_EXE_weft"))
+            .args([
+                "serve", "--port", "0", "--model", &m, "--nodes", "2", "--ctx", "256",
+            ])
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    let url = common::listening_on(&mut serve.0, "weft serve");
+    let out = std::process::Command::new("curl")
+        .args(["-sS", &format!("{url}/v1/cluster")])
+        .output()
+        .unwrap();
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let plan = &v["plan"];
+    assert!(plan["layout"].is_string(), "{v}");
+    assert!(
+        plan["prediction"]["decode_tok_s"].as_f64().unwrap() > 0.0,
+        "{v}"
+    );
+    assert_eq!(plan["profiles"].as_array().unwrap().len(), 2, "{v}");
+    let rtt = plan["links"]["rtt_us"].as_array().unwrap();
+    assert_eq!(rtt.len(), 3, "coordinator and two nodes: {v}");
+    assert!(rtt[1][2].as_f64().unwrap() > 0.0, "{v}");
+    drop(serve);
+    // `weft cluster status --measure`: profiles and the link matrix of running nodes.
+    let secret = "weft-planning-test-secret-0123456789-abcdefghij";
+    let (a, addr_a) = common::start_node("127.0.0.1:0", secret);
+    let (b, _) = common::start_node("127.0.0.1:0", secret);
+    let _nodes = common::Kill(vec![a, b]);
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_weft"))
+        .args([
+            "cluster",
+            "status",
+            "--no-mdns",
+            "--peers",
+            &addr_a,
+            "--measure",
+            "--json",
+        ])
+        .env("WEFT_SECRET", secret)
+        .output()
+        .unwrap();
+    let v = ok_json(&out);
+    // Only node a was named: b is not a member unless it joined, so one node is measured.
+    let s = &v["survey"];
+    assert_eq!(s["nodes"].as_array().unwrap().len(), 1, "{v}");
+    let n = &s["nodes"][0];
+    assert!(n["memory_total"].as_u64().unwrap() > 0, "{n}");
+    assert!(n["rates"].as_array().unwrap().len() >= 9, "{n}");
+    assert_eq!(s["links"]["rtt_us"].as_array().unwrap().len(), 2, "{v}");
+}
