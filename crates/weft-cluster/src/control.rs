@@ -62,6 +62,10 @@ pub struct SurveyRequest {
     /// Round trips per pair, and bytes of the one-way bandwidth transfer.
     pub pings: usize,
     pub bulk: usize,
+    /// Time the kernels again rather than reading the cache (the machine's speed now,
+    /// for checking predictions against runs).
+    #[serde(default)]
+    pub fresh: bool,
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize)]

@@ -398,6 +398,7 @@ fn survey_session(
         .max(1);
     let info = crate::profile::local_info(
         opts.home.as_deref(),
+        r.fresh,
         threads,
         opts.memory_limit,
         opts.slowdown,

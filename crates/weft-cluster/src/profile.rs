@@ -193,7 +193,7 @@ fn model_files(dir: &Path, hashes: Option<&Path>) -> Vec<ModelFile> {
 
 /// The cached kernel rates for this CPU and thread count, or a fresh measurement (then
 /// cached). `cache_dir` None: measure, keep nothing.
-pub fn kernel_rates(threads: usize, cache_dir: Option<&Path>) -> Vec<TypeRate> {
+pub fn kernel_rates(threads: usize, cache_dir: Option<&Path>, fresh: bool) -> Vec<TypeRate> {
     let key: String = format!("{}-{threads}t-v{}", cpu_model(), env!("CARGO_PKG_VERSION"))
         .chars()
         .map(|c| {
@@ -205,7 +205,7 @@ pub fn kernel_rates(threads: usize, cache_dir: Option<&Path>) -> Vec<TypeRate> {
         })
         .collect();
     let file: Option<PathBuf> = cache_dir.map(|d| d.join(format!("kernels-{key}.json")));
-    if let Some(f) = &file {
+    if let Some(f) = file.as_ref().filter(|_| !fresh) {
         if let Some(r) = std::fs::read(f)
             .ok()
             .and_then(|b| serde_json::from_slice::<Vec<TypeRate>>(&b).ok())
@@ -229,9 +229,11 @@ pub fn kernel_rates(threads: usize, cache_dir: Option<&Path>) -> Vec<TypeRate> {
     rates
 }
 
-/// This node's profile: `home` is its weft home (models/ and the kernel cache).
+/// This node's profile: `home` is its weft home (models/ and the kernel cache); `fresh`
+/// times the kernels again instead of reading the cache.
 pub fn local_info(
     home: Option<&Path>,
+    fresh: bool,
     threads: usize,
     memory_limit: Option<u64>,
     slowdown: f64,
@@ -241,7 +243,11 @@ pub fn local_info(
     } else {
         1.0
     };
-    let mut rates = kernel_rates(threads, home.map(|h| h.join("calibration")).as_deref());
+    let mut rates = kernel_rates(
+        threads,
+        home.map(|h| h.join("calibration")).as_deref(),
+        fresh,
+    );
     for r in &mut rates {
         r.decode_bytes_per_s /= slowdown;
         r.prefill_bytes_per_s /= slowdown;
@@ -298,7 +304,7 @@ mod tests {
         std::fs::write(home.path().join("models/a.gguf"), b"1234").unwrap();
         std::fs::write(home.path().join("models/org--repo/b.gguf"), b"12").unwrap();
         std::fs::write(home.path().join("models/notes.txt"), b"x").unwrap();
-        let info = local_info(Some(home.path()), 1, Some(1 << 30), 2.0);
+        let info = local_info(Some(home.path()), false, 1, Some(1 << 30), 2.0);
         let names: Vec<(&str, u64)> = info
             .models
             .iter()
@@ -310,7 +316,7 @@ mod tests {
             "not hashed yet"
         );
         hash_models(home.path());
-        let hashed = local_info(Some(home.path()), 1, None, 1.0);
+        let hashed = local_info(Some(home.path()), false, 1, None, 1.0);
         // sha256("1234")
         assert_eq!(
             hashed.models[0].sha256.as_deref(),
@@ -329,7 +335,7 @@ mod tests {
             })
             .count();
         assert_eq!(cached, 1);
-        let again = local_info(Some(home.path()), 1, None, 1.0);
+        let again = local_info(Some(home.path()), false, 1, None, 1.0);
         for (slow, fast) in info.rates.iter().zip(&again.rates) {
             assert!((slow.decode_bytes_per_s * 2.0 - fast.decode_bytes_per_s).abs() < 1.0);
         }

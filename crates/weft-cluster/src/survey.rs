@@ -24,6 +24,8 @@ pub struct SurveyOptions {
     pub threads_per_node: usize,
     pub pings: usize,
     pub bulk: usize,
+    /// Nodes time their kernels now instead of reading their cache.
+    pub fresh: bool,
 }
 
 /// What the survey found. `links` has the coordinator as rank 0 and `peers[i]` as i + 1.
@@ -61,6 +63,7 @@ pub fn survey(peers: &[String], opts: &SurveyOptions) -> Result<Survey, String> 
             timeout_ms: opts.timeout.as_millis() as u64,
             pings: opts.pings,
             bulk: opts.bulk,
+            fresh: opts.fresh,
         })))
         .map_err(|e| format!("node {addr}: {e}"))?;
         match c

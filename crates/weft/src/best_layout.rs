@@ -52,6 +52,7 @@ pub fn best_layout(
 
 pub fn survey_options(secret: &str, l: &LayoutArgs, delay: f64, threads: usize) -> SurveyOptions {
     SurveyOptions {
+        fresh: false,
         secret: secret.as_bytes().to_vec(),
         transport: l.transport.clone(),
         link_delay_us: delay,

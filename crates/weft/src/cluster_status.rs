@@ -114,6 +114,7 @@ fn status(a: StatusArgs) -> Result<()> {
             threads_per_node: 0,
             pings: 200,
             bulk: 1 << 20,
+            fresh: false,
         };
         Some(weft_cluster::survey::survey(&up, &opts).map_err(|e| anyhow!("measuring: {e}"))?)
     } else {

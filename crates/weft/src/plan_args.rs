@@ -23,6 +23,9 @@ pub struct PlanArgs {
     /// With live nodes: run every fitting layout and print measured beside predicted.
     #[arg(long)]
     pub check: bool,
+    /// With live nodes: have them time their kernels again instead of using their cache.
+    #[arg(long)]
+    pub recalibrate: bool,
     /// With --check: tokens decoded per measurement, and measurements per layout.
     #[arg(short = 'n', long, default_value_t = 32)]
     pub decode: usize,

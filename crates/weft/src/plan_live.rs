@@ -60,8 +60,9 @@ pub fn run(
     };
     let mut rows = Vec::new();
     for &delay in &delays {
-        let s = survey(&peers, &survey_options(&secret, l, delay, threads))
-            .map_err(|e| anyhow!("surveying the nodes: {e}"))?;
+        let mut opts = survey_options(&secret, l, delay, threads);
+        opts.fresh = a.recalibrate;
+        let s = survey(&peers, &opts).map_err(|e| anyhow!("surveying the nodes: {e}"))?;
         let cluster = cluster_profile(&s, &mix);
         if !a.check {
             if delays.len() > 1 {
