@@ -10,9 +10,10 @@ use weft_comm::{CommError, Group, Liveness};
 use weft_model::{Backend, BatchBackend, ModelError, SeqSpan};
 
 use crate::control::{self, FromNode, NodePlan, ToNode};
+use crate::forming::{form_group, GroupSpec};
 use crate::heartbeat::{ControlLink, Hooks};
 use crate::layout::Layout;
-use crate::node::{group_options, CONTROL_SILENCE};
+use crate::node::CONTROL_SILENCE;
 use crate::step::{
     reply_bytes, StepHeader, KIND_BATCH, KIND_RUN, KIND_STOP, SPAN_LOGITS, SPAN_RESET, STATS_BYTES,
 };
@@ -207,28 +208,14 @@ impl Cluster {
                 }
             }
         }
-        // Our own data listener, reachable by the nodes at the address we reach them from.
-        let ip = controls[0].local_ip()?;
-        let listener = weft_comm::bind(&format!("{ip}:0")).map_err(|e| e.to_string())?;
-        addrs[0] = listener
-            .local_addr()
-            .map_err(|e| e.to_string())?
-            .to_string();
-        for (c, addr) in controls.iter().zip(peers) {
-            c.send(&ToNode::Go {
-                addrs: addrs.clone(),
-            })
-            .map_err(|e| format!("node {addr}: {e}"))?;
-        }
-        let mut gopts = group_options(
-            0,
-            &opts.transport,
-            opts.link_delay_us,
-            opts.timeout.as_millis() as u64,
-            opts.secret.clone(),
-        )?;
-        gopts.liveness = Some(liveness.clone());
-        let group = Group::with_listener(0, &addrs, listener, gopts).map_err(|e| e.to_string())?;
+        let spec = GroupSpec {
+            transport: &opts.transport,
+            link_delay_us: opts.link_delay_us,
+            timeout: opts.timeout,
+            secret: &opts.secret,
+            liveness: liveness.clone(),
+        };
+        let group = form_group(&controls, peers, &mut addrs, spec)?;
         Ok(Cluster {
             group,
             layout,

@@ -7,6 +7,7 @@
 pub mod control;
 pub mod coordinator;
 pub mod discovery;
+mod forming;
 pub mod heartbeat;
 pub mod layout;
 pub mod local;

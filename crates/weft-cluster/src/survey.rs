@@ -6,12 +6,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use serde::Serialize;
-use weft_comm::{Group, LinkMatrix, Liveness};
+use weft_comm::{LinkMatrix, Liveness};
 
 use crate::control::{self, FromNode, SurveyRequest, ToNode};
 use crate::coordinator::coordinator_hooks;
+use crate::forming::{form_group, GroupSpec};
 use crate::heartbeat::ControlLink;
-use crate::node::group_options;
 use crate::profile::NodeInfo;
 
 /// How to survey.
@@ -95,27 +95,14 @@ pub fn survey(peers: &[String], opts: &SurveyOptions) -> Result<Survey, String> 
             }
         }
     }
-    let ip = controls[0].local_ip()?;
-    let listener = weft_comm::bind(&format!("{ip}:0")).map_err(|e| e.to_string())?;
-    addrs[0] = listener
-        .local_addr()
-        .map_err(|e| e.to_string())?
-        .to_string();
-    for (c, addr) in controls.iter().zip(peers) {
-        c.send(&ToNode::Go {
-            addrs: addrs.clone(),
-        })
-        .map_err(|e| format!("node {addr}: {e}"))?;
-    }
-    let mut gopts = group_options(
-        0,
-        &opts.transport,
-        opts.link_delay_us,
-        opts.timeout.as_millis() as u64,
-        opts.secret.clone(),
-    )?;
-    gopts.liveness = Some(liveness);
-    let mut group = Group::with_listener(0, &addrs, listener, gopts).map_err(|e| e.to_string())?;
+    let spec = GroupSpec {
+        transport: &opts.transport,
+        link_delay_us: opts.link_delay_us,
+        timeout: opts.timeout,
+        secret: &opts.secret,
+        liveness,
+    };
+    let mut group = form_group(&controls, peers, &mut addrs, spec)?;
     let links = group
         .probe_links(opts.pings, opts.bulk)
         .map_err(|e| format!("measuring links: {e}"))?;

@@ -1,0 +1,53 @@
+//! The coordinator's last step of forming a data-plane group with its nodes (for a run
+//! or a survey): open its own listener where the nodes reach it, send every node the
+//! ranks' addresses, and join as rank 0.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use weft_comm::{Group, Liveness};
+
+use crate::control::{FromNode, ToNode};
+use crate::heartbeat::ControlLink;
+use crate::node::group_options;
+
+/// How the group's links are made.
+pub(crate) struct GroupSpec<'a> {
+    pub transport: &'a str,
+    pub link_delay_us: f64,
+    pub timeout: Duration,
+    pub secret: &'a [u8],
+    pub liveness: Arc<Liveness>,
+}
+
+/// `addrs[1..]` are the nodes' data addresses (rank order); `addrs[0]` is filled with
+/// the coordinator's own, on the address the nodes' control links reach it from.
+pub(crate) fn form_group(
+    controls: &[ControlLink<FromNode, ToNode>],
+    peers: &[String],
+    addrs: &mut [String],
+    spec: GroupSpec,
+) -> Result<Group, String> {
+    let first = controls.first().ok_or("no nodes to form a group with")?;
+    let ip = first.local_ip()?;
+    let listener = weft_comm::bind(&format!("{ip}:0")).map_err(|e| e.to_string())?;
+    addrs[0] = listener
+        .local_addr()
+        .map_err(|e| e.to_string())?
+        .to_string();
+    for (c, addr) in controls.iter().zip(peers) {
+        c.send(&ToNode::Go {
+            addrs: addrs.to_vec(),
+        })
+        .map_err(|e| format!("node {addr}: {e}"))?;
+    }
+    let mut gopts = group_options(
+        0,
+        spec.transport,
+        spec.link_delay_us,
+        spec.timeout.as_millis() as u64,
+        spec.secret.to_vec(),
+    )?;
+    gopts.liveness = Some(spec.liveness);
+    Group::with_listener(0, addrs, listener, gopts).map_err(|e| e.to_string())
+}
