@@ -9,9 +9,9 @@ use serde::Serialize;
 use weft_comm::{CommError, Group, Liveness};
 use weft_model::{Backend, BatchBackend, ModelError, SeqSpan};
 
-use crate::control::{self, FromNode, NodePlan, ToNode};
-use crate::forming::{form_group, GroupSpec};
-use crate::heartbeat::{ControlLink, Hooks};
+use crate::control::{FromNode, NodePlan, ToNode};
+use crate::forming::{connect, form_group, GroupSpec};
+use crate::heartbeat::ControlLink;
 use crate::layout::Layout;
 use crate::node::CONTROL_SILENCE;
 use crate::step::{
@@ -155,11 +155,7 @@ impl Cluster {
         let liveness = Arc::new(Liveness::new(peers.len() + 1, None));
         let mut controls = Vec::new();
         for (i, addr) in peers.iter().enumerate() {
-            let c = control::dial(addr, &opts.secret, Duration::from_secs(10))
-                .map_err(|e| format!("node {addr}: {e}"))?;
-            let c: ControlLink<FromNode, ToNode> =
-                ControlLink::start(c, addr, coordinator_hooks(&liveness, i + 1))
-                    .map_err(|e| format!("node {addr}: {e}"))?;
+            let c = connect(addr, &opts.secret, &liveness, i + 1)?;
             let stage = i / layout.width();
             let plan = NodePlan {
                 model: opts.model.clone(),
@@ -371,20 +367,6 @@ impl Cluster {
             });
         }
         Ok(out)
-    }
-}
-
-/// Node `rank`'s beats (and the end of its control link) feed the coordinator's table;
-/// the coordinator's own beats relay that table to every node.
-pub(crate) fn coordinator_hooks(liveness: &Arc<Liveness>, rank: usize) -> Hooks {
-    let (on_beat, on_end, ages) = (liveness.clone(), liveness.clone(), liveness.clone());
-    Hooks {
-        on_beat: Box::new(move |_| on_beat.heard(rank)),
-        on_end: Box::new(move || on_end.mark_dead(rank)),
-        ages: Box::new(move || {
-            ages.heard(0);
-            ages.ages_ms()
-        }),
     }
 }
 

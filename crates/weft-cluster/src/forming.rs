@@ -1,15 +1,44 @@
-//! The coordinator's last step of forming a data-plane group with its nodes (for a run
-//! or a survey): open its own listener where the nodes reach it, send every node the
-//! ranks' addresses, and join as rank 0.
+//! How a coordinator forms a data-plane group with its nodes (for a run or a survey):
+//! dial each node's control link with heartbeats feeding the liveness table, then open
+//! its own listener where the nodes reach it, send every node the ranks' addresses, and
+//! join as rank 0.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use weft_comm::{Group, Liveness};
 
-use crate::control::{FromNode, ToNode};
-use crate::heartbeat::ControlLink;
+use crate::control::{self, FromNode, ToNode};
+use crate::heartbeat::{ControlLink, Hooks};
 use crate::node::group_options;
+
+/// Node `rank`'s beats (and the end of its control link) feed the coordinator's table;
+/// the coordinator's own beats relay that table to every node.
+pub(crate) fn coordinator_hooks(liveness: &Arc<Liveness>, rank: usize) -> Hooks {
+    let (on_beat, on_end, ages) = (liveness.clone(), liveness.clone(), liveness.clone());
+    Hooks {
+        on_beat: Box::new(move |_| on_beat.heard(rank)),
+        on_end: Box::new(move || on_end.mark_dead(rank)),
+        ages: Box::new(move || {
+            ages.heard(0);
+            ages.ages_ms()
+        }),
+    }
+}
+
+/// Dials node `addr`, authenticates, and starts its control link as data-plane rank
+/// `rank`, its heartbeats feeding `liveness`.
+pub(crate) fn connect(
+    addr: &str,
+    secret: &[u8],
+    liveness: &Arc<Liveness>,
+    rank: usize,
+) -> Result<ControlLink<FromNode, ToNode>, String> {
+    let c = control::dial(addr, secret, Duration::from_secs(10))
+        .map_err(|e| format!("node {addr}: {e}"))?;
+    ControlLink::start(c, addr, coordinator_hooks(liveness, rank))
+        .map_err(|e| format!("node {addr}: {e}"))
+}
 
 /// How the group's links are made.
 pub(crate) struct GroupSpec<'a> {

@@ -8,10 +8,8 @@ use std::time::Duration;
 use serde::Serialize;
 use weft_comm::{LinkMatrix, Liveness};
 
-use crate::control::{self, FromNode, SurveyRequest, ToNode};
-use crate::coordinator::coordinator_hooks;
-use crate::forming::{form_group, GroupSpec};
-use crate::heartbeat::ControlLink;
+use crate::control::{FromNode, SurveyRequest, ToNode};
+use crate::forming::{connect, form_group, GroupSpec};
 use crate::profile::NodeInfo;
 
 /// How to survey.
@@ -49,11 +47,7 @@ pub fn survey(peers: &[String], opts: &SurveyOptions) -> Result<Survey, String> 
     // One node at a time, so that each times its kernels alone (a node measures on first
     // ask, about a second, beating meanwhile); then all at once, below.
     for (i, addr) in peers.iter().enumerate() {
-        let c = control::dial(addr, &opts.secret, Duration::from_secs(10))
-            .map_err(|e| format!("node {addr}: {e}"))?;
-        let c: ControlLink<FromNode, ToNode> =
-            ControlLink::start(c, addr, coordinator_hooks(&liveness, i + 1))
-                .map_err(|e| format!("node {addr}: {e}"))?;
+        let c = connect(addr, &opts.secret, &liveness, i + 1)?;
         c.send(&ToNode::Survey(Box::new(SurveyRequest {
             rank: i + 1,
             group_size: n,

@@ -382,14 +382,7 @@ impl MoeFfn {
     ) {
         let e = x.len();
         let ff = self.n_ff_local;
-        let chosen: usize = (0..self.experts.len())
-            .filter(|&j| s.starts[j + 1] > s.starts[j])
-            .count();
-        if chosen == 0 || ff == 0 {
-            return;
-        }
-        // The chosen experts in `order` entries' order: entry i belongs to the expert
-        // whose [start, end) holds it; each held expert has at most one entry for one row.
+        // The held experts this token chose, ascending; one row routes to each at most once.
         let mut slots = [0usize; MAX_TOP_K];
         let mut n = 0;
         for j in 0..self.experts.len() {
@@ -397,6 +390,9 @@ impl MoeFfn {
                 slots[n] = j;
                 n += 1;
             }
+        }
+        if n == 0 || ff == 0 {
+            return;
         }
         let slots = &slots[..n];
         let first = &self.experts[slots[0]];

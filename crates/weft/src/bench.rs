@@ -27,13 +27,7 @@ pub fn run(a: BenchArgs) -> Result<()> {
     let (mut engine, load_s) = load_engine(&path, threads, n_ctx)?;
     let n_vocab = engine.model.cfg.n_vocab as u32;
     // Pseudo-random prompt tokens, as llama-bench uses.
-    let mut state = 0x9E37_79B9_7F4A_7C15u64;
-    let mut next = move || {
-        state ^= state << 13;
-        state ^= state >> 7;
-        state ^= state << 17;
-        (state % n_vocab as u64) as u32
-    };
+    let mut next = crate::bench_tokens::pseudo_random_tokens(n_vocab as u64);
     let prompt: Vec<u32> = (0..a.prefill).map(|_| next()).collect();
     let bos = engine.tokenizer.bos_id().unwrap_or(0);
     // Warm-up: touch every weight page once.

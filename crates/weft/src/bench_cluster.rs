@@ -127,13 +127,7 @@ pub fn run(a: &BenchArgs) -> Result<()> {
         );
     }
     let n_vocab = clusters[0].n_vocab as u64;
-    let mut state = 0x9E37_79B9_7F4A_7C15u64;
-    let mut next = move || {
-        state ^= state << 13;
-        state ^= state >> 7;
-        state ^= state << 17;
-        (state % n_vocab) as u32
-    };
+    let mut next = crate::bench_tokens::pseudo_random_tokens(n_vocab);
     let prompt: Vec<u32> = (0..a.prefill.max(1)).map(|_| next()).collect();
     // Decode feeds the same pseudo-random tokens to every layout, as llama-bench does.
     let decode_tokens: Vec<u32> = (0..a.decode).map(|_| next()).collect();

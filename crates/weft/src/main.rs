@@ -9,6 +9,7 @@ mod bench_args;
 mod bench_cluster;
 mod bench_comm;
 mod bench_serve;
+mod bench_tokens;
 mod best_layout;
 mod chat_template;
 mod cli_run;

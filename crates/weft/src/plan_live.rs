@@ -177,13 +177,7 @@ fn measure(
     let mut o = open(&la, path, n_ctx, 1, false, 1)
         .map_err(|e| anyhow!("starting {} at {delay} µs: {e:#}", c.name))?;
     let n_vocab = o.n_vocab as u64;
-    let mut state = 0x9E37_79B9_7F4A_7C15u64;
-    let mut next = move || {
-        state ^= state << 13;
-        state ^= state >> 7;
-        state ^= state << 17;
-        (state % n_vocab) as u32
-    };
+    let mut next = crate::bench_tokens::pseudo_random_tokens(n_vocab);
     let bos = o.tokenizer.bos_id().unwrap_or(0);
     let cl = &mut o.cluster;
     let fail = |e| anyhow!("{} at {delay} µs: {e}", c.name);
