@@ -6,6 +6,7 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 use weft_kernels::calibrate::{self, TypeRate};
+use weft_kernels::choose;
 use weft_kernels::ThreadPool;
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -122,7 +123,8 @@ fn meminfo(field: &str) -> Option<u64> {
     Some(kb * 1024)
 }
 
-fn cpu_model() -> String {
+/// The CPU model name (`model name` in /proc/cpuinfo), "unknown-cpu" where absent.
+pub fn cpu_model() -> String {
     std::fs::read_to_string("/proc/cpuinfo")
         .ok()
         .and_then(|s| {
@@ -191,24 +193,49 @@ fn model_files(dir: &Path, hashes: Option<&Path>) -> Vec<ModelFile> {
     out
 }
 
+/// A file-name-safe cache key for this CPU, `threads`, weft version and kernel revision.
+fn cache_key(threads: usize) -> String {
+    format!(
+        "{}-{threads}t-v{}-k{}",
+        cpu_model(),
+        env!("CARGO_PKG_VERSION"),
+        choose::REVISION
+    )
+    .chars()
+    .map(|c| {
+        if c.is_ascii_alphanumeric() || c == '-' || c == '.' {
+            c
+        } else {
+            '_'
+        }
+    })
+    .collect()
+}
+
+/// Reads a JSON cache file, None when absent or unreadable (then it is measured again).
+fn read_cache<T: serde::de::DeserializeOwned>(file: Option<&Path>) -> Option<T> {
+    serde_json::from_slice(&std::fs::read(file?).ok()?).ok()
+}
+
+/// Writes a JSON cache file; a failed write only means measuring again next time.
+fn write_cache<T: serde::Serialize>(file: Option<&Path>, value: &T) {
+    if let Some(f) = file {
+        if let Some(d) = f.parent() {
+            let _ = std::fs::create_dir_all(d);
+        }
+        if let Ok(text) = serde_json::to_vec_pretty(value) {
+            let _ = std::fs::write(f, text);
+        }
+    }
+}
+
 /// The cached kernel rates for this CPU and thread count, or a fresh measurement (then
 /// cached). `cache_dir` None: measure, keep nothing.
 pub fn kernel_rates(threads: usize, cache_dir: Option<&Path>, fresh: bool) -> Vec<TypeRate> {
-    let key: String = format!("{}-{threads}t-v{}", cpu_model(), env!("CARGO_PKG_VERSION"))
-        .chars()
-        .map(|c| {
-            if c.is_ascii_alphanumeric() || c == '-' || c == '.' {
-                c
-            } else {
-                '_'
-            }
-        })
-        .collect();
-    let file: Option<PathBuf> = cache_dir.map(|d| d.join(format!("kernels-{key}.json")));
-    if let Some(f) = file.as_ref().filter(|_| !fresh) {
-        if let Some(r) = std::fs::read(f)
-            .ok()
-            .and_then(|b| serde_json::from_slice::<Vec<TypeRate>>(&b).ok())
+    let file: Option<PathBuf> =
+        cache_dir.map(|d| d.join(format!("kernels-{}.json", cache_key(threads))));
+    if !fresh {
+        if let Some(r) = read_cache::<Vec<TypeRate>>(file.as_deref())
             .filter(|r| r.len() == calibrate::MEASURED.len())
         {
             return r;
@@ -217,16 +244,31 @@ pub fn kernel_rates(threads: usize, cache_dir: Option<&Path>, fresh: bool) -> Ve
     let pool = ThreadPool::new(threads.max(1));
     // 64 MiB: well past the last-level cache of the machines weft meets.
     let rates = calibrate::measure(&pool, 64 << 20, 32);
-    if let Some(f) = &file {
-        if let Some(d) = f.parent() {
-            let _ = std::fs::create_dir_all(d);
-        }
-        // A failed cache write only means measuring again next time.
-        if let Ok(text) = serde_json::to_vec_pretty(&rates) {
-            let _ = std::fs::write(f, text);
+    write_cache(file.as_deref(), &rates);
+    rates
+}
+
+/// Puts in force the kernel paths measured fastest on this CPU model (one thread: a
+/// path's speed is the core's), from the cache under `cache_dir` or timed now (about a
+/// second, then cached); `fresh` times them again. Returns the report and whether it
+/// was measured now.
+pub fn select_kernels(cache_dir: Option<&Path>, fresh: bool) -> (choose::Report, bool) {
+    let file: Option<PathBuf> =
+        cache_dir.map(|d| d.join(format!("kernel-paths-{}.json", cache_key(1))));
+    if !fresh {
+        if let Some(r) = read_cache::<choose::Report>(file.as_deref()) {
+            choose::apply(&r);
+            return (r, false);
         }
     }
-    rates
+    let t = std::time::Instant::now();
+    let report = choose::choose(&ThreadPool::new(1), choose::Budget::STARTUP);
+    tracing::info!(
+        "timed the kernel paths of this CPU in {:.2} s",
+        t.elapsed().as_secs_f64()
+    );
+    write_cache(file.as_deref(), &report);
+    (report, true)
 }
 
 /// This node's profile: `home` is its weft home (models/ and the kernel cache); `fresh`

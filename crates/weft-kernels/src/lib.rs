@@ -3,9 +3,11 @@
 
 pub mod activation;
 pub mod calibrate;
+pub mod choose;
 pub mod ops;
 pub mod pool;
 pub mod quant;
+pub mod roofline;
 pub mod vecops;
 
 pub use pool::ThreadPool;

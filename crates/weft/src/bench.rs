@@ -5,7 +5,6 @@ use std::time::Instant;
 
 use anyhow::{Context, Result};
 use serde_json::json;
-use weft_kernels::ThreadPool;
 
 use crate::bench_args::{BenchArgs, BenchWhat};
 use crate::paths::resolve_model;
@@ -17,6 +16,9 @@ pub fn run(a: BenchArgs) -> Result<()> {
         Some(BenchWhat::Serve(c)) => return crate::bench_serve::run(c),
         Some(BenchWhat::CommRank(c)) => return crate::bench_comm::run_rank(c),
         None => {}
+    }
+    if a.kernels {
+        return crate::bench_kernels::run(a.json);
     }
     if a.layout.is_cluster() || !a.compare.is_empty() {
         return crate::bench_cluster::run(&a);
@@ -67,7 +69,11 @@ pub fn run(a: BenchArgs) -> Result<()> {
     let bandwidth = if a.no_bandwidth {
         None
     } else {
-        Some(memory_bandwidth(&engine.pool))
+        Some(weft_kernels::roofline::read_bandwidth(
+            &engine.pool,
+            512 << 20,
+            3,
+        ))
     };
     let (pp_med, pp_sd) = median_sd(&pp);
     let (tg_med, tg_sd) = median_sd(&tg);
@@ -242,30 +248,4 @@ fn median_sd(v: &[f64]) -> (f64, f64) {
     let mean = s.iter().sum::<f64>() / s.len() as f64;
     let var = s.iter().map(|x| (x - mean).powi(2)).sum::<f64>() / s.len() as f64;
     (med, var.sqrt())
-}
-
-/// Read bandwidth of a 512 MiB buffer with the pool's threads (AVX2 loads where the CPU
-/// has them, via `vecops::dot`), best of three passes.
-fn memory_bandwidth(pool: &ThreadPool) -> f64 {
-    let n = 128usize << 20; // 128 Mi f32 = 512 MiB
-    let buf: Vec<f32> = (0..n).map(|i| (i & 7) as f32).collect();
-    let ones = vec![1f32; 1 << 16];
-    let mut best = 0f64;
-    for _ in 0..3 {
-        let sink = std::sync::Mutex::new(0f32);
-        let t = Instant::now();
-        pool.for_ranges(n, 1 << 16, &|r| {
-            let s: f32 = buf[r]
-                .chunks(1 << 16)
-                .map(|c| weft_kernels::vecops::dot(c, &ones[..c.len()]))
-                .sum();
-            if let Ok(mut g) = sink.lock() {
-                *g += s;
-            }
-        });
-        let secs = t.elapsed().as_secs_f64();
-        std::hint::black_box(sink.lock().map(|g| *g).unwrap_or(0.0));
-        best = best.max((n * 4) as f64 / secs);
-    }
-    best
 }

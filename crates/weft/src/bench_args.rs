@@ -29,6 +29,10 @@ pub struct BenchArgs {
     /// Also decode this many sequences together in batched steps (aggregate tok/s).
     #[arg(long, default_value_t = 1)]
     pub batch: usize,
+    /// Time every kernel path per weight type and shape on this CPU against its memory
+    /// bandwidth and integer peak, keep the fastest (cached) and print them; no model.
+    #[arg(long)]
+    pub kernels: bool,
     /// Skip the memory-bandwidth probe.
     #[arg(long)]
     pub no_bandwidth: bool,

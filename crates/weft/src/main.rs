@@ -8,6 +8,7 @@ mod bench;
 mod bench_args;
 mod bench_cluster;
 mod bench_comm;
+mod bench_kernels;
 mod bench_serve;
 mod bench_tokens;
 mod best_layout;
@@ -114,6 +115,15 @@ fn main() {
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default)),
         )
         .init();
+    // Commands that compute take the kernel paths measured fastest on this CPU (cached
+    // per CPU model; the first run on a machine times them, about a second).
+    if matches!(
+        cli.command,
+        Cmd::Run(_) | Cmd::Node(_) | Cmd::Serve(_) | Cmd::Perplexity(_) | Cmd::Bench(_)
+    ) {
+        let cache = paths::weft_home().join("calibration");
+        weft_cluster::profile::select_kernels(Some(&cache), false);
+    }
     let r = match cli.command {
         Cmd::Run(a) => cli_run::run(a),
         Cmd::Node(a) => cluster_cli::node(a),

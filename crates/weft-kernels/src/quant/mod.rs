@@ -8,6 +8,7 @@
 mod blocks;
 mod quantize;
 mod scalar;
+pub mod select;
 
 #[cfg(target_arch = "x86_64")]
 mod avx2;
@@ -16,8 +17,9 @@ mod avx2;
 mod tests;
 
 use std::ops::Range;
-use std::sync::OnceLock;
 use weft_gguf::GgmlType;
+
+use select::{Path, Shape};
 
 /// Which kernel family this process uses, decided on first use.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -27,20 +29,19 @@ enum Isa {
     Avx2,
 }
 
-/// Detects the CPU once. Setting `WEFT_KERNELS_SCALAR=1` forces the scalar path (for
-/// comparisons and debugging).
+/// The family `select::simd` found (detected once there).
 fn isa() -> Isa {
-    static ISA: OnceLock<Isa> = OnceLock::new();
-    *ISA.get_or_init(|| {
-        if std::env::var_os("WEFT_KERNELS_SCALAR").is_some_and(|v| v != "0") {
-            return Isa::Scalar;
-        }
-        #[cfg(target_arch = "x86_64")]
-        if avx2::available() {
-            return Isa::Avx2;
-        }
-        Isa::Scalar
-    })
+    #[cfg(target_arch = "x86_64")]
+    if select::simd() {
+        return Isa::Avx2;
+    }
+    Isa::Scalar
+}
+
+/// Whether a SIMD kernel family is in use (else every type takes the scalar path).
+#[cfg(test)]
+fn simd() -> bool {
+    select::simd()
 }
 
 /// Name of the kernel family in use ("avx2", "avx2+avx512vnni" or "scalar"), for logs
@@ -136,9 +137,15 @@ pub fn vec_dot(w: GgmlType, n: usize, row: &[u8], act: &[u8]) -> f32 {
         #[cfg(target_arch = "x86_64")]
         Isa::Avx2 if avx2::supports(w) => {
             let mut out = [0.0f32];
-            // SAFETY: AVX2/FMA/F16C were detected; the row and activation lengths were
-            // checked above.
-            unsafe { avx2::matvec(w, n, row, 0..1, act, &mut out) };
+            matvec_on(
+                select::chosen(w, Shape::Decode),
+                w,
+                n,
+                row,
+                0..1,
+                act,
+                &mut out,
+            );
             out[0]
         }
         _ => scalar::vec_dot(w, n, &row[..rb], &act[..ab]),
@@ -146,8 +153,31 @@ pub fn vec_dot(w: GgmlType, n: usize, row: &[u8], act: &[u8]) -> f32 {
 }
 
 /// Matvec over a range of rows: `out[i] = dot(row rows.start + i, act)`. `weights` holds
-/// consecutive rows of `n` values of type `w`, starting at row 0.
+/// consecutive rows of `n` values of type `w`, starting at row 0. Takes the path chosen
+/// for decode on this CPU.
 pub fn matvec(
+    w: GgmlType,
+    n: usize,
+    weights: &[u8],
+    rows: Range<usize>,
+    act: &[u8],
+    out: &mut [f32],
+) {
+    matvec_on(
+        select::chosen(w, Shape::Decode),
+        w,
+        n,
+        weights,
+        rows,
+        act,
+        out,
+    )
+}
+
+/// [`matvec`] on a given path (one of `select::candidates(w, Shape::Decode)`; None, or
+/// one this CPU cannot run: the scalar path), for timing and testing each candidate.
+pub fn matvec_on(
+    path: Option<Path>,
     w: GgmlType,
     n: usize,
     weights: &[u8],
@@ -169,11 +199,12 @@ pub fn matvec(
         out.len(),
         rows.len()
     );
-    match isa() {
+    let path = path.filter(|&p| select::runnable(p));
+    match (isa(), path) {
         #[cfg(target_arch = "x86_64")]
-        // SAFETY: AVX2/FMA/F16C were detected; weights cover `rows`, act and out were
-        // checked above.
-        Isa::Avx2 if avx2::supports(w) => unsafe { avx2::matvec(w, n, weights, rows, act, out) },
+        // SAFETY: AVX2/FMA/F16C were detected and the path is a candidate (so the CPU
+        // runs it); weights cover `rows`, act and out were checked above.
+        (Isa::Avx2, Some(p)) => unsafe { avx2::matvec(p, w, n, weights, rows, act, out) },
         _ => {
             for (o, r) in out.iter_mut().zip(rows) {
                 *o = scalar::vec_dot(w, n, &weights[r * rb..(r + 1) * rb], &act[..ab]);
@@ -184,9 +215,27 @@ pub fn matvec(
 
 /// Matmul for prefill: `m` activations (each `act_bytes(w, n)` long, contiguous in
 /// `acts`) against `rows` of the weight matrix; the result for token t and row r goes to
-/// `out[t * out_stride + (r - rows.start)]`.
+/// `out[t * out_stride + (r - rows.start)]`. Takes the path chosen for `m` tokens.
 #[allow(clippy::too_many_arguments)]
 pub fn matmul(
+    w: GgmlType,
+    n: usize,
+    weights: &[u8],
+    rows: Range<usize>,
+    acts: &[u8],
+    m: usize,
+    out: &mut [f32],
+    out_stride: usize,
+) {
+    let path = select::chosen(w, Shape::of_tokens(m));
+    matmul_on(path, w, n, weights, rows, acts, m, out, out_stride)
+}
+
+/// [`matmul`] on a given path (one of `select::candidates(w, Shape::of_tokens(m))`;
+/// None, or one this CPU cannot run: the scalar path).
+#[allow(clippy::too_many_arguments)]
+pub fn matmul_on(
+    path: Option<Path>,
     w: GgmlType,
     n: usize,
     weights: &[u8],
@@ -218,11 +267,13 @@ pub fn matmul(
         "matmul: out has {} slots, needs {need}",
         out.len()
     );
-    match isa() {
+    let path = path.filter(|&p| select::runnable(p));
+    match (isa(), path) {
         #[cfg(target_arch = "x86_64")]
-        // SAFETY: AVX2/FMA/F16C were detected; weights, acts and out were checked above.
-        Isa::Avx2 if avx2::supports(w) => unsafe {
-            avx2::matmul(w, n, weights, rows, acts, m, out, out_stride)
+        // SAFETY: AVX2/FMA/F16C were detected and the path is a candidate; weights, acts
+        // and out were checked above.
+        (Isa::Avx2, Some(p)) => unsafe {
+            avx2::matmul(p.fused, w, n, weights, rows, acts, m, out, out_stride)
         },
         _ => {
             for t in 0..m {

@@ -2,6 +2,7 @@
 //! worked out by hand (so a layout mistake cannot hide behind a round trip), and the SIMD
 //! kernels against the scalar integer path and an f64 dequantized reference.
 
+use super::select::Shape;
 use super::*;
 use weft_gguf::GgmlType as G;
 
@@ -301,18 +302,12 @@ fn quantizers_hit_expected_levels() {
 
 // ---- SIMD against scalar ----
 
-#[cfg(target_arch = "x86_64")]
 fn simd() -> bool {
-    let ok = avx2::available();
+    let ok = super::simd();
     if !ok {
-        eprintln!("no AVX2 here: SIMD comparisons skipped");
+        eprintln!("no SIMD kernels here: SIMD comparisons skipped");
     }
     ok
-}
-
-#[cfg(not(target_arch = "x86_64"))]
-fn simd() -> bool {
-    false
 }
 
 /// Scalar activation bytes (the reference quantizer).
@@ -406,12 +401,13 @@ fn matvec_matches_scalar_and_reference() {
                         mag,
                         &format!("{what} vec_dot"),
                     );
-                    #[cfg(target_arch = "x86_64")]
-                    if have_simd {
+                    // Every path this CPU can take, not only the chosen one.
+                    for path in select::candidates(w, Shape::Decode).as_slice() {
+                        assert!(have_simd);
                         let mut o = [0.0f32];
-                        // SAFETY: AVX2 is present and the slices are sized for one row.
-                        unsafe { avx2::matvec(w, n, row, 0..1, &act, &mut o) };
-                        close(o[0], s as f64, mag, &format!("{what} avx2 vs scalar"));
+                        matvec_on(Some(*path), w, n, row, 0..1, &act, &mut o);
+                        let p = path.name();
+                        close(o[0], s as f64, mag, &format!("{what} {p} vs scalar"));
                     }
                 }
             }
@@ -440,27 +436,46 @@ fn matmul_matches_scalar() {
                     acts[t * ab..(t + 1) * ab].copy_from_slice(&act_scalar(w, &rng.values(n)));
                 }
                 let stride = rows + 3;
-                let mut out = vec![f32::NAN; m * stride];
                 let range = 1..rows + 1;
-                matmul(w, n, weights, range.clone(), &acts, m, &mut out, stride);
-                for t in 0..m {
-                    let act = &acts[t * ab..(t + 1) * ab];
-                    for (i, r) in range.clone().enumerate() {
-                        let row = &weights[r * rb..(r + 1) * rb];
-                        let (_, mag) = reference_dot(w, n, row, act);
-                        let s = scalar::vec_dot(w, n, row, act);
-                        close(
-                            out[t * stride + i],
-                            s as f64,
-                            mag,
-                            &format!("{w} rows={rows} m={m} t={t} r={r}"),
-                        );
+                // The chosen path, then every path this CPU can take at this shape.
+                let paths = select::candidates(w, Shape::of_tokens(m));
+                let tried = std::iter::once(None).chain(paths.as_slice().iter().map(|p| Some(*p)));
+                for path in tried {
+                    let mut out = vec![f32::NAN; m * stride];
+                    let name = path.map_or("chosen".to_string(), |p| p.name());
+                    match path {
+                        None => matmul(w, n, weights, range.clone(), &acts, m, &mut out, stride),
+                        Some(p) => matmul_on(
+                            Some(p),
+                            w,
+                            n,
+                            weights,
+                            range.clone(),
+                            &acts,
+                            m,
+                            &mut out,
+                            stride,
+                        ),
                     }
-                    for pad in rows..stride {
-                        assert!(
-                            out[t * stride + pad].is_nan(),
-                            "{w} m={m}: wrote into padding"
-                        );
+                    for t in 0..m {
+                        let act = &acts[t * ab..(t + 1) * ab];
+                        for (i, r) in range.clone().enumerate() {
+                            let row = &weights[r * rb..(r + 1) * rb];
+                            let (_, mag) = reference_dot(w, n, row, act);
+                            let s = scalar::vec_dot(w, n, row, act);
+                            close(
+                                out[t * stride + i],
+                                s as f64,
+                                mag,
+                                &format!("{w} {name} rows={rows} m={m} t={t} r={r}"),
+                            );
+                        }
+                        for pad in rows..stride {
+                            assert!(
+                                out[t * stride + pad].is_nan(),
+                                "{w} {name} m={m}: wrote into padding"
+                            );
+                        }
                     }
                 }
             }

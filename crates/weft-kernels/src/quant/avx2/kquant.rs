@@ -7,9 +7,10 @@
 //! Rows are walked one at a time inside a tile (nothing row-specific is shared), tokens
 //! innermost so each row's unpacked levels are reused for all T activations.
 //!
-//! Each type takes `const VNNI: bool`: with it, the `madd` by the scales and the add
-//! into the super-block sum fuse into one AVX-VNNI `vpdpwssd`, one op fewer per 32 values
-//! and token (the matmul driver picks it where the CPU has AVX-VNNI).
+//! Each type takes `const F: u8`, how the scale multiply-add is done ([`PLAIN`], [`VEX`],
+//! [`EVEX`]): fused, the `madd` by the scales and the add into the super-block sum are
+//! one `vpdpwssd`, one op fewer per 32 values and token. Which one runs is chosen by
+//! timing them on the running CPU (see `quant::select`).
 
 use std::arch::x86_64::*;
 
@@ -19,16 +20,25 @@ const Q8_K_AB: usize = 292;
 const Q8_K_QS: usize = 4;
 const Q8_K_BSUMS: usize = 260;
 
-/// `acc + madd(p, s)`: i16 pairs times the scales, summed into i32 lanes. With VNNI one
-/// `vpdpwssd` (VEX form), written as asm so the AVX2 driver around it needs no extra
-/// target feature (intrinsics would not inline into it); exact either way.
+/// `madd` then `add` (AVX2 only).
+pub const PLAIN: u8 = 0;
+/// One AVX-VNNI `vpdpwssd` (VEX encoding; e.g. Intel Alder Lake, AMD Zen 5).
+pub const VEX: u8 = 1;
+/// One AVX-512 VNNI `vpdpwssd` on 256-bit registers (EVEX encoding, needs AVX512VL;
+/// e.g. AMD Zen 4, which runs 256-bit EVEX ops at full rate).
+pub const EVEX: u8 = 2;
+
+/// `acc + madd(p, s)`: i16 pairs times the scales, summed into i32 lanes. Fused forms are
+/// written as asm so the AVX2 driver around them needs no extra target feature
+/// (intrinsics would not inline into it); exact either way.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-fn madd_acc<const VNNI: bool>(acc: __m256i, p: __m256i, s: __m256i) -> __m256i {
-    if VNNI {
-        let mut acc = acc;
-        // SAFETY: register-only; the driver takes VNNI only after detecting AVX-VNNI.
-        unsafe {
+fn madd_acc<const F: u8>(acc: __m256i, p: __m256i, s: __m256i) -> __m256i {
+    let mut acc = acc;
+    // SAFETY (both asm blocks): register-only; the caller takes a fused form only after
+    // detecting the CPU feature it needs.
+    match F {
+        VEX => unsafe {
             std::arch::asm!(
                 "{{vex}} vpdpwssd {acc}, {p}, {s}",
                 acc = inout(ymm_reg) acc,
@@ -36,11 +46,19 @@ fn madd_acc<const VNNI: bool>(acc: __m256i, p: __m256i, s: __m256i) -> __m256i {
                 s = in(ymm_reg) s,
                 options(pure, nomem, nostack, preserves_flags)
             );
-        }
-        acc
-    } else {
-        _mm256_add_epi32(acc, _mm256_madd_epi16(p, s))
+        },
+        EVEX => unsafe {
+            std::arch::asm!(
+                "{{evex}} vpdpwssd {acc}, {p}, {s}",
+                acc = inout(ymm_reg) acc,
+                p = in(ymm_reg) p,
+                s = in(ymm_reg) s,
+                options(pure, nomem, nostack, preserves_flags)
+            );
+        },
+        _ => acc = _mm256_add_epi32(acc, _mm256_madd_epi16(p, s)),
     }
+    acc
 }
 
 /// `pshufb` pattern that repeats i16 lane `j` of each 128-bit half (broadcasts scale j).
@@ -65,37 +83,63 @@ unsafe fn act_d(p: *const u8) -> __m256 {
 /// Scales and mins of a Q4_K/Q5_K super-block as i16 vectors: the eight scales repeated
 /// in both 128-bit halves (for `pick_i16`), and each min twice in a row, lined up with
 /// the activation's sixteen 16-value sums so one `madd` gives min_j * sum of sub-block j.
+/// The bit layout of blocks::scale_min_k4, for all sixteen values in a few vector ops.
 ///
 /// # Safety
-/// `sc` points to the 12 readable scale bytes.
+/// `sc` points to the 12 scale bytes, followed by at least 4 more readable bytes (the
+/// block's quants).
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn scales_mins_k4(sc: *const u8) -> (__m256i, __m256i) {
-    const M1: u32 = 0x3f3f_3f3f;
-    const M2: u32 = 0x0f0f_0f0f;
-    const M3: u32 = 0x0303_0303;
-    // SAFETY: 12 bytes, read as three unaligned u32.
-    let (u0, u1, u2) = unsafe {
-        let p = sc.cast::<u32>();
-        (
-            p.read_unaligned(),
-            p.add(1).read_unaligned(),
-            p.add(2).read_unaligned(),
-        )
-    };
-    // The bit layout of blocks::scale_min_k4, for all eight sub-blocks at once.
-    let sc_lo = u0 & M1;
-    let sc_hi = (u2 & M2) | (((u0 >> 6) & M3) << 4);
-    let mn_lo = u1 & M1;
-    let mn_hi = ((u2 >> 4) & M2) | (((u1 >> 6) & M3) << 4);
-    let scales = _mm256_cvtepu8_epi16(_mm_set_epi32(
-        sc_hi as i32,
-        sc_lo as i32,
-        sc_hi as i32,
-        sc_lo as i32,
-    ));
-    let mins = _mm_set_epi32(0, 0, mn_hi as i32, mn_lo as i32);
-    (scales, _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(mins, mins)))
+    const M1: i32 = 0x3f3f_3f3f;
+    const M2: i32 = 0x0f0f_0f0f;
+    // SAFETY: 16 bytes: the 12 scale bytes and 4 quant bytes (u3, unused).
+    let v = unsafe { load128(sc) };
+    // u32 lanes (u0, u2, u1, u2) and (u0, u0, u1, u1).
+    let a = _mm_shuffle_epi32::<0b10_01_10_00>(v);
+    let b = _mm_shuffle_epi32::<0b01_01_00_00>(v);
+    // Low bits: sc_lo = u0 & M1, sc_hi = u2 & M2, mn_lo = u1 & M1, mn_hi = (u2 >> 4) & M2.
+    let low = _mm_and_si128(
+        _mm_srlv_epi32(a, _mm_set_epi32(4, 0, 0, 0)),
+        _mm_set_epi32(M2, M1, M2, M1),
+    );
+    // High bits of sc_hi / mn_hi: bits 6..8 of each byte of u0 / u1, moved to bits 4..6.
+    let high = _mm_and_si128(
+        _mm_srli_epi32::<2>(b),
+        _mm_set_epi32(0x3030_3030, 0, 0x3030_3030, 0),
+    );
+    let r = _mm_or_si128(low, high);
+    let mins = _mm_unpackhi_epi64(r, r);
+    (
+        _mm256_cvtepu8_epi16(_mm_unpacklo_epi64(r, r)),
+        _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(mins, mins)),
+    )
+}
+
+/// The two f16 values at `p` (a Q4_K/Q5_K block's d and dmin) as broadcast f32 vectors.
+///
+/// # Safety
+/// `p` is readable for 4 bytes.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn two_halves(p: *const u8) -> (__m256, __m256) {
+    // SAFETY: 4 readable bytes.
+    let bits = unsafe { p.cast::<u32>().read_unaligned() };
+    let x = _mm_cvtsi32_si128(bits as i32);
+    let y: __m128;
+    // SAFETY: register-only conversion (asm for the reason given at tile::f16_to_f32).
+    unsafe {
+        std::arch::asm!(
+            "vcvtph2ps {y}, {x}",
+            x = in(xmm_reg) x,
+            y = lateout(xmm_reg) y,
+            options(pure, nomem, nostack, preserves_flags)
+        );
+    }
+    (
+        _mm256_broadcastss_ps(y),
+        _mm256_broadcastss_ps(_mm_movehdup_ps(y)),
+    )
 }
 
 /// Shared driver of Q4_K/Q5_K; `L` extracts the levels of each 64-value chunk.
@@ -104,7 +148,7 @@ unsafe fn scales_mins_k4(sc: *const u8) -> (__m256i, __m256i) {
 /// As [`Tile::tile`] with `L::WB`-byte weight blocks.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn k4_tile<L: LevelsK, const R: usize, const T: usize, const VNNI: bool>(
+unsafe fn k4_tile<L: LevelsK, const R: usize, const T: usize, const F: u8>(
     rows: [*const u8; R],
     acts: [*const u8; T],
     nb: usize,
@@ -116,11 +160,14 @@ unsafe fn k4_tile<L: LevelsK, const R: usize, const T: usize, const VNNI: bool>(
             // every read below stays inside those blocks.
             unsafe {
                 let wp = rows[r].add(b * L::WB);
-                let d = _mm256_set1_ps(f16_to_f32(read_u16(wp)));
-                let dmin = _mm256_set1_ps(f16_to_f32(read_u16(wp.add(2))));
+                let (d, dmin) = two_halves(wp);
                 let (scales, mins) = scales_mins_k4(wp.add(4));
                 let hbits = L::high_bits(wp);
+                // Two sums per token, for the low and high halves of each chunk: a fused
+                // multiply-add has a few cycles of latency, and one chain of eight per
+                // block would leave a single token waiting on it.
                 let mut isum = [_mm256_setzero_si256(); T];
+                let mut isum2 = [_mm256_setzero_si256(); T];
                 for c in 0..4 {
                     let (lo, hi) = L::levels(wp, hbits, c);
                     let s_lo = _mm256_shuffle_epi8(scales, pick_i16(2 * c));
@@ -129,11 +176,12 @@ unsafe fn k4_tile<L: LevelsK, const R: usize, const T: usize, const VNNI: bool>(
                         let qs = acts[t].add(b * Q8_K_AB + Q8_K_QS + 64 * c);
                         let p_lo = _mm256_maddubs_epi16(lo, load256(qs));
                         let p_hi = _mm256_maddubs_epi16(hi, load256(qs.add(32)));
-                        isum[t] = madd_acc::<VNNI>(isum[t], p_lo, s_lo);
-                        isum[t] = madd_acc::<VNNI>(isum[t], p_hi, s_hi);
+                        isum[t] = madd_acc::<F>(isum[t], p_lo, s_lo);
+                        isum2[t] = madd_acc::<F>(isum2[t], p_hi, s_hi);
                     }
                 }
                 for t in 0..T {
+                    isum[t] = _mm256_add_epi32(isum[t], isum2[t]);
                     let ap = acts[t].add(b * Q8_K_AB);
                     // d * sum(scale * q * a) - dmin * sum(min * bsum), times the act's d.
                     let msum = _mm256_madd_epi16(mins, load256(ap.add(Q8_K_BSUMS)));
@@ -160,11 +208,11 @@ trait LevelsK {
     unsafe fn levels(wp: *const u8, hbits: __m256i, c: usize) -> (__m256i, __m256i);
 }
 
-pub struct Q4K<const VNNI: bool>;
-pub struct Q5K<const VNNI: bool>;
-pub struct Q6K<const VNNI: bool>;
+pub struct Q4K<const F: u8>;
+pub struct Q5K<const F: u8>;
+pub struct Q6K<const F: u8>;
 
-impl<const VNNI: bool> LevelsK for Q4K<VNNI> {
+impl<const F: u8> LevelsK for Q4K<F> {
     const WB: usize = 144;
 
     #[inline]
@@ -186,7 +234,7 @@ impl<const VNNI: bool> LevelsK for Q4K<VNNI> {
     }
 }
 
-impl<const VNNI: bool> LevelsK for Q5K<VNNI> {
+impl<const F: u8> LevelsK for Q5K<F> {
     const WB: usize = 176;
 
     #[inline]
@@ -221,7 +269,7 @@ impl<const VNNI: bool> LevelsK for Q5K<VNNI> {
     }
 }
 
-impl<const VNNI: bool> Tile for Q4K<VNNI> {
+impl<const F: u8> Tile for Q4K<F> {
     const WB: usize = 144;
     const AB: usize = Q8_K_AB;
     const SCALES: bool = false;
@@ -235,11 +283,11 @@ impl<const VNNI: bool> Tile for Q4K<VNNI> {
         _as: [*const f32; T],
     ) -> [[f32; T]; R] {
         // SAFETY: forwarded from the caller.
-        unsafe { k4_tile::<Self, R, T, VNNI>(rows, acts, nb) }
+        unsafe { k4_tile::<Self, R, T, F>(rows, acts, nb) }
     }
 }
 
-impl<const VNNI: bool> Tile for Q5K<VNNI> {
+impl<const F: u8> Tile for Q5K<F> {
     const WB: usize = 176;
     const AB: usize = Q8_K_AB;
     const SCALES: bool = false;
@@ -253,20 +301,17 @@ impl<const VNNI: bool> Tile for Q5K<VNNI> {
         _as: [*const f32; T],
     ) -> [[f32; T]; R] {
         // SAFETY: forwarded from the caller.
-        unsafe { k4_tile::<Self, R, T, VNNI>(rows, acts, nb) }
+        unsafe { k4_tile::<Self, R, T, F>(rows, acts, nb) }
     }
 }
 
-/// `pshufb` pattern for Q6_K scales: bytes 0..8 take scale i, 8..16 scale i+1 (one per
-/// 16-value group of a 32-value chunk).
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
-fn pick_pair(i: usize) -> __m128i {
-    let rep = 0x0101_0101_0101_0101u64;
-    _mm_set_epi64x((rep * (i as u64 + 1)) as i64, (rep * i as u64) as i64)
-}
+/// `pshufb` pattern putting bytes 0, 2, .., 14 first and 1, 3, .., 15 after.
+const EVEN_ODD: __m128i = unsafe {
+    // SAFETY: a plain 16-byte value reinterpreted as a vector.
+    std::mem::transmute::<[u8; 16], __m128i>([0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15])
+};
 
-impl<const VNNI: bool> Tile for Q6K<VNNI> {
+impl<const F: u8> Tile for Q6K<F> {
     const WB: usize = 210;
     const AB: usize = Q8_K_AB;
     const SCALES: bool = false;
@@ -291,8 +336,14 @@ impl<const VNNI: bool> Tile for Q6K<VNNI> {
                     let d = _mm256_set1_ps(f16_to_f32(read_u16(wp.add(208))));
                     let sc8 = load128(wp.add(192));
                     let sc16 = _mm256_cvtepi8_epi16(sc8);
+                    // The sixteen scales as i16, even-numbered in the low 128-bit half and
+                    // odd-numbered in the high one: the pair (2j, 2j+1) that a 32-value
+                    // chunk needs (one scale per 16 values, per half) is then lane j of
+                    // each half, one `pshufb` away.
+                    let sc_eo = _mm256_cvtepi8_epi16(_mm_shuffle_epi8(sc8, EVEN_ODD));
                     // Levels are stored +32: start from -32 * sum_g scale_g * bsum_g.
                     let mut isum = [_mm256_setzero_si256(); T];
+                    let mut isum2 = [_mm256_setzero_si256(); T];
                     for t in 0..T {
                         let bsums = load256(acts[t].add(b * Q8_K_AB + Q8_K_BSUMS));
                         isum[t] = _mm256_sub_epi32(
@@ -326,20 +377,23 @@ impl<const VNNI: bool> Tile for Q6K<VNNI> {
                             ),
                         ];
                         for (k, &qk) in q.iter().enumerate() {
-                            let s = _mm256_cvtepi8_epi16(_mm_shuffle_epi8(
-                                sc8,
-                                pick_pair(8 * h + 2 * k),
-                            ));
+                            let s = _mm256_shuffle_epi8(sc_eo, pick_i16(4 * h + k));
                             for t in 0..T {
                                 let qa =
                                     load256(acts[t].add(b * Q8_K_AB + Q8_K_QS + 128 * h + 32 * k));
                                 let p = _mm256_maddubs_epi16(qk, qa);
-                                isum[t] = madd_acc::<VNNI>(isum[t], p, s);
+                                // Alternate two sums (see k4_tile).
+                                if k % 2 == 0 {
+                                    isum[t] = madd_acc::<F>(isum[t], p, s);
+                                } else {
+                                    isum2[t] = madd_acc::<F>(isum2[t], p, s);
+                                }
                             }
                         }
                     }
                     for t in 0..T {
-                        let v = _mm256_mul_ps(d, _mm256_cvtepi32_ps(isum[t]));
+                        let isum = _mm256_add_epi32(isum[t], isum2[t]);
+                        let v = _mm256_mul_ps(d, _mm256_cvtepi32_ps(isum));
                         acc[r][t] = _mm256_fmadd_ps(v, act_d(acts[t].add(b * Q8_K_AB)), acc[r][t]);
                     }
                 }

@@ -24,19 +24,17 @@ use std::arch::x86_64::*;
 use std::ops::Range;
 use weft_gguf::GgmlType;
 
+use super::select::{self, Fused, Path};
 use tile::{load256, put, scales8, Tile, COLS, PREFETCH_BYTES};
 
 pub(super) use act::quantize_act;
 
-pub(super) fn available() -> bool {
-    is_x86_feature_detected!("avx2")
-        && is_x86_feature_detected!("fma")
-        && is_x86_feature_detected!("f16c")
-}
-
-/// Whether matmuls of two or more tokens take the AVX-512 VNNI tile (Q8_0, Q5_0, Q4_0).
+/// Whether the CPU offers the AVX-512 VNNI tile for matmuls (Q8_0, Q5_0, Q4_0).
 pub(super) fn vnni_matmul() -> bool {
-    vnni::available()
+    select::runnable(Path {
+        fused: Fused::Avx512Vnni512,
+        prefetch: false,
+    })
 }
 
 /// The AVX2 Q8_0 matmul even where VNNI is present, for tests that compare the two.
@@ -139,6 +137,7 @@ unsafe fn matvec_with<K: Tile>(
     rows: Range<usize>,
     act: &[u8],
     out: &mut [f32],
+    prefetch: bool,
 ) {
     let rb = nb * K::WB;
     let (w, a) = (weights.as_ptr(), act.as_ptr());
@@ -159,14 +158,14 @@ unsafe fn matvec_with<K: Tile>(
         }
         for (o, r) in rows.clone().enumerate() {
             let rp = unsafe { w.add(r * rb + c0 * K::WB) };
-            // Ask for the bytes PREFETCH_BYTES ahead of this row, a row's worth per row,
-            // so the stream keeps enough misses in flight. Measured on the Q8_0 output
-            // head: 11-14 GB/s without, 16-18 with (the machine's single-stream read
-            // rate; 2 MiB pages then add nothing). Prefetches never fault, so running
-            // past the end of the matrix is harmless; wrapping_add keeps the address
-            // computation defined there.
+            // With `prefetch`, ask for the bytes PREFETCH_BYTES ahead of this row, a
+            // row's worth per row, so the stream keeps enough misses in flight. Measured
+            // on the Q8_0 output head of one Intel machine: 11-14 GB/s without, 16-18
+            // with; on AMD Zen 4 the hardware prefetcher alone is faster, hence a
+            // measured choice. Prefetches never fault, so running past the end of the
+            // matrix is harmless; wrapping_add keeps the address computation defined.
             let mut off = 0;
-            while off < cl * K::WB {
+            while prefetch && off < cl * K::WB {
                 _mm_prefetch::<_MM_HINT_T0>(rp.wrapping_add(PREFETCH_BYTES + off).cast());
                 off += 64;
             }
@@ -323,11 +322,13 @@ unsafe fn matmul_with<K: Tile, const R: usize, const T: usize>(
     }
 }
 
-/// AVX2 matvec for every weight type but Q8_K.
+/// AVX2 matvec for every weight type but Q8_K, on `path`.
 ///
 /// # Safety
-/// AVX2/FMA/F16C present; lengths as checked by `quant::matvec`.
+/// AVX2/FMA/F16C present, and what `path` needs (`select::runnable`);
+/// lengths as checked by `quant::matvec`.
 pub(super) unsafe fn matvec(
+    path: Path,
     w: GgmlType,
     n: usize,
     weights: &[u8],
@@ -336,29 +337,52 @@ pub(super) unsafe fn matvec(
     out: &mut [f32],
 ) {
     let nb = n / w.block_size();
+    let pf = path.prefetch;
+    use kquant::{EVEX, PLAIN, VEX};
+    use Fused::{Avx512Vnni256 as E, AvxVnni as V};
     // SAFETY: forwarded from the caller.
     unsafe {
-        match w {
-            GgmlType::F32 => matvec_with::<float::F32>(nb, weights, rows, act, out),
-            GgmlType::F16 => matvec_with::<float::F16>(nb, weights, rows, act, out),
-            GgmlType::BF16 => matvec_with::<float::Bf16>(nb, weights, rows, act, out),
-            GgmlType::Q4_0 => matvec_with::<legacy::Q4_0>(nb, weights, rows, act, out),
-            GgmlType::Q5_0 => matvec_with::<legacy::Q5_0>(nb, weights, rows, act, out),
-            GgmlType::Q8_0 => matvec_with::<legacy::Q8_0>(nb, weights, rows, act, out),
-            GgmlType::Q4_K => matvec_with::<kquant::Q4K<false>>(nb, weights, rows, act, out),
-            GgmlType::Q5_K => matvec_with::<kquant::Q5K<false>>(nb, weights, rows, act, out),
-            GgmlType::Q6_K => matvec_with::<kquant::Q6K<false>>(nb, weights, rows, act, out),
-            GgmlType::Q8_K => unreachable!("Q8_K weights take the scalar path"),
+        match (w, path.fused) {
+            (GgmlType::F32, _) => matvec_with::<float::F32>(nb, weights, rows, act, out, pf),
+            (GgmlType::F16, _) => matvec_with::<float::F16>(nb, weights, rows, act, out, pf),
+            (GgmlType::BF16, _) => matvec_with::<float::Bf16>(nb, weights, rows, act, out, pf),
+            (GgmlType::Q4_0, _) => matvec_with::<legacy::Q4_0>(nb, weights, rows, act, out, pf),
+            (GgmlType::Q5_0, _) => matvec_with::<legacy::Q5_0>(nb, weights, rows, act, out, pf),
+            (GgmlType::Q8_0, _) => matvec_with::<legacy::Q8_0>(nb, weights, rows, act, out, pf),
+            (GgmlType::Q4_K, V) => matvec_with::<kquant::Q4K<VEX>>(nb, weights, rows, act, out, pf),
+            (GgmlType::Q4_K, E) => {
+                matvec_with::<kquant::Q4K<EVEX>>(nb, weights, rows, act, out, pf)
+            }
+            (GgmlType::Q4_K, _) => {
+                matvec_with::<kquant::Q4K<PLAIN>>(nb, weights, rows, act, out, pf)
+            }
+            (GgmlType::Q5_K, V) => matvec_with::<kquant::Q5K<VEX>>(nb, weights, rows, act, out, pf),
+            (GgmlType::Q5_K, E) => {
+                matvec_with::<kquant::Q5K<EVEX>>(nb, weights, rows, act, out, pf)
+            }
+            (GgmlType::Q5_K, _) => {
+                matvec_with::<kquant::Q5K<PLAIN>>(nb, weights, rows, act, out, pf)
+            }
+            (GgmlType::Q6_K, V) => matvec_with::<kquant::Q6K<VEX>>(nb, weights, rows, act, out, pf),
+            (GgmlType::Q6_K, E) => {
+                matvec_with::<kquant::Q6K<EVEX>>(nb, weights, rows, act, out, pf)
+            }
+            (GgmlType::Q6_K, _) => {
+                matvec_with::<kquant::Q6K<PLAIN>>(nb, weights, rows, act, out, pf)
+            }
+            (GgmlType::Q8_K, _) => unreachable!("Q8_K weights take the scalar path"),
         }
     }
 }
 
-/// AVX2 matmul for every weight type but Q8_K.
+/// AVX2 matmul for every weight type but Q8_K, summing as `fused` says.
 ///
 /// # Safety
-/// AVX2/FMA/F16C present; lengths as checked by `quant::matmul`.
+/// AVX2/FMA/F16C present, and what `fused` needs (`select::runnable`);
+/// lengths as checked by `quant::matmul`.
 #[allow(clippy::too_many_arguments)]
 pub(super) unsafe fn matmul(
+    fused: Fused,
     w: GgmlType,
     n: usize,
     weights: &[u8],
@@ -369,57 +393,42 @@ pub(super) unsafe fn matmul(
     out_stride: usize,
 ) {
     let nb = n / w.block_size();
-    // The 512-bit tile pays off from two tokens; the 256-bit vpdpwssd fusion always.
-    let (vnni512, vnni256) = (m >= 2 && vnni::available(), vnni::avx_vnni());
-    // SAFETY: forwarded from the caller.
+    use kquant::{EVEX, PLAIN, VEX};
+    use Fused::{Avx512Vnni256 as E, Avx512Vnni512 as Z, AvxVnni as V};
+    macro_rules! tiled {
+        ($k:ty, $r:literal) => {
+            matmul_with::<$k, $r, 4>(nb, weights, rows, acts, m, out, out_stride)
+        };
+    }
+    // SAFETY: forwarded from the caller; the 512-bit tile is taken only for two tokens
+    // or more.
     unsafe {
-        match w {
-            GgmlType::F32 => {
-                matmul_with::<float::F32, 2, 4>(nb, weights, rows, acts, m, out, out_stride)
-            }
-            GgmlType::F16 => {
-                matmul_with::<float::F16, 2, 4>(nb, weights, rows, acts, m, out, out_stride)
-            }
-            GgmlType::BF16 => {
-                matmul_with::<float::Bf16, 2, 4>(nb, weights, rows, acts, m, out, out_stride)
-            }
-            GgmlType::Q4_0 if vnni512 => {
+        match (w, fused) {
+            (GgmlType::F32, _) => tiled!(float::F32, 2),
+            (GgmlType::F16, _) => tiled!(float::F16, 2),
+            (GgmlType::BF16, _) => tiled!(float::Bf16, 2),
+            (GgmlType::Q4_0, Z) if m >= 2 => {
                 vnni::matmul::<legacy::Q4_0>(nb, weights, rows, acts, m, out, out_stride)
             }
-            GgmlType::Q4_0 => {
-                matmul_with::<legacy::Q4_0, 1, 4>(nb, weights, rows, acts, m, out, out_stride)
-            }
-            GgmlType::Q5_0 if vnni512 => {
+            (GgmlType::Q4_0, _) => tiled!(legacy::Q4_0, 1),
+            (GgmlType::Q5_0, Z) if m >= 2 => {
                 vnni::matmul::<legacy::Q5_0>(nb, weights, rows, acts, m, out, out_stride)
             }
-            GgmlType::Q5_0 => {
-                matmul_with::<legacy::Q5_0, 1, 4>(nb, weights, rows, acts, m, out, out_stride)
-            }
-            GgmlType::Q8_0 if vnni512 => {
+            (GgmlType::Q5_0, _) => tiled!(legacy::Q5_0, 1),
+            (GgmlType::Q8_0, Z) if m >= 2 => {
                 vnni::matmul::<legacy::Q8_0>(nb, weights, rows, acts, m, out, out_stride)
             }
-            GgmlType::Q8_0 => {
-                matmul_with::<legacy::Q8_0, 1, 4>(nb, weights, rows, acts, m, out, out_stride)
-            }
-            GgmlType::Q4_K if vnni256 => {
-                matmul_with::<kquant::Q4K<true>, 1, 4>(nb, weights, rows, acts, m, out, out_stride)
-            }
-            GgmlType::Q4_K => {
-                matmul_with::<kquant::Q4K<false>, 1, 4>(nb, weights, rows, acts, m, out, out_stride)
-            }
-            GgmlType::Q5_K if vnni256 => {
-                matmul_with::<kquant::Q5K<true>, 1, 4>(nb, weights, rows, acts, m, out, out_stride)
-            }
-            GgmlType::Q5_K => {
-                matmul_with::<kquant::Q5K<false>, 1, 4>(nb, weights, rows, acts, m, out, out_stride)
-            }
-            GgmlType::Q6_K if vnni256 => {
-                matmul_with::<kquant::Q6K<true>, 1, 4>(nb, weights, rows, acts, m, out, out_stride)
-            }
-            GgmlType::Q6_K => {
-                matmul_with::<kquant::Q6K<false>, 1, 4>(nb, weights, rows, acts, m, out, out_stride)
-            }
-            GgmlType::Q8_K => unreachable!("Q8_K weights take the scalar path"),
+            (GgmlType::Q8_0, _) => tiled!(legacy::Q8_0, 1),
+            (GgmlType::Q4_K, V) => tiled!(kquant::Q4K<VEX>, 1),
+            (GgmlType::Q4_K, E) => tiled!(kquant::Q4K<EVEX>, 1),
+            (GgmlType::Q4_K, _) => tiled!(kquant::Q4K<PLAIN>, 1),
+            (GgmlType::Q5_K, V) => tiled!(kquant::Q5K<VEX>, 1),
+            (GgmlType::Q5_K, E) => tiled!(kquant::Q5K<EVEX>, 1),
+            (GgmlType::Q5_K, _) => tiled!(kquant::Q5K<PLAIN>, 1),
+            (GgmlType::Q6_K, V) => tiled!(kquant::Q6K<VEX>, 1),
+            (GgmlType::Q6_K, E) => tiled!(kquant::Q6K<EVEX>, 1),
+            (GgmlType::Q6_K, _) => tiled!(kquant::Q6K<PLAIN>, 1),
+            (GgmlType::Q8_K, _) => unreachable!("Q8_K weights take the scalar path"),
         }
     }
 }

@@ -1,6 +1,6 @@
 //! AVX-512 VNNI matmul for the 32-value formats (Q8_0, Q5_0, Q4_0) against Q8_0
-//! activations, taken for two or more tokens (batched decode, prefill) where the CPU has
-//! it; matvec stays on AVX2, where a single token is bound by memory, not arithmetic.
+//! activations, a candidate for two or more tokens (batched decode, prefill) where the CPU
+//! has it; matvec stays on AVX2, where a single token is bound by memory, not arithmetic.
 //!
 //! Why a separate driver: the AVX2 tile spends five ops per (block, token) pair (sign,
 //! maddubs, madd, convert, FMA). Here a 512-bit register holds two blocks and one
@@ -59,30 +59,6 @@ impl<L: legacy::Levels> Signed for legacy::Offset<L> {
         // subtraction cannot wrap.
         unsafe { _mm256_sub_epi8(L::levels(wp), _mm256_set1_epi8(L::OFFSET as i8)) }
     }
-}
-
-/// Whether `WEFT_KERNELS_NO_VNNI` (set and not "0") turns every VNNI path off, for
-/// side-by-side measurements.
-fn switched_off() -> bool {
-    std::env::var_os("WEFT_KERNELS_NO_VNNI").is_some_and(|v| v != "0")
-}
-
-/// Whether this CPU runs the AVX-512 VNNI tile and [`switched_off`] does not forbid it.
-pub(super) fn available() -> bool {
-    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| {
-        !switched_off()
-            && is_x86_feature_detected!("avx512f")
-            && is_x86_feature_detected!("avx512bw")
-            && is_x86_feature_detected!("avx512vnni")
-    })
-}
-
-/// Whether the K-quant matmul tiles fuse their scale multiply-add with AVX-VNNI
-/// (`vpdpwssd` on 256-bit registers); the same [`switched_off`] applies.
-pub(super) fn avx_vnni() -> bool {
-    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| !switched_off() && is_x86_feature_detected!("avxvnni"))
 }
 
 /// The activations of one token chunk and column chunk, laid out for the tile: quants

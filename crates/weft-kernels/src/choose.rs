@@ -1,0 +1,291 @@
+//! Kernels chosen by measurement: for each weight type and shape class, time every path
+//! the running CPU offers (`quant::select::candidates`) side by side, keep the fastest,
+//! and report each against the machine's ceilings (`roofline`). The report is what a
+//! cache stores per CPU model, and `apply` puts a stored one back in force.
+
+use std::time::Instant;
+
+use serde::{Deserialize, Serialize};
+use weft_gguf::GgmlType;
+
+use crate::quant::select::{self, Path, Shape};
+use crate::quant::{self};
+use crate::{roofline, ThreadPool};
+
+/// Bumped whenever a kernel changes, so timings cached under an older one are retaken.
+pub const REVISION: u32 = 2;
+
+/// Values per weight row in the timed matrices (a common hidden size).
+const N: usize = 2048;
+
+/// One candidate's measured speed.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Timed {
+    pub path: Path,
+    /// Weight bytes streamed per second (bytes x tokens / time for matmuls).
+    pub bytes_per_s: f64,
+    /// Arithmetic: 2 x weights x tokens per second.
+    pub ops_per_s: f64,
+}
+
+/// The candidates of one weight type at one shape class, and the one kept.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Choice {
+    /// GGML type name ("Q4_K").
+    pub ty: String,
+    pub shape: Shape,
+    /// Tokens per call in the timing.
+    pub tokens: usize,
+    pub timed: Vec<Timed>,
+    pub chosen: Path,
+}
+
+/// Everything measured: the ceilings and every choice.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Report {
+    pub threads: usize,
+    /// Read bandwidth of one stream per thread, bytes/s.
+    pub bandwidth_bytes_per_s: f64,
+    /// Peak integer dot-product rate of the AVX2 instructions (see `roofline`).
+    pub peak_int8_ops_per_s: Option<f64>,
+    pub choices: Vec<Choice>,
+}
+
+/// How to time: the matrix sizes and rounds.
+#[derive(Clone, Copy, Debug)]
+pub struct Budget {
+    /// Bytes of the decode and batch matrices: several times the last-level cache.
+    pub stream_bytes: usize,
+    /// Bytes of the prefill matrix.
+    pub prefill_bytes: usize,
+    /// Rounds over the candidates (alternating, so drift hits all alike); best kept.
+    pub rounds: usize,
+}
+
+impl Budget {
+    /// What start-up uses: about a second on a 2-core machine of 2024.
+    pub const STARTUP: Budget = Budget {
+        stream_bytes: 80 << 20,
+        prefill_bytes: 2 << 20,
+        rounds: 3,
+    };
+    /// For unit tests: tiny, only checks the mechanics.
+    pub const TINY: Budget = Budget {
+        stream_bytes: 1 << 20,
+        prefill_bytes: 256 << 10,
+        rounds: 1,
+    };
+}
+
+/// Tokens per call timed for each shape class.
+pub fn tokens_of(shape: Shape) -> usize {
+    match shape {
+        Shape::Decode => 1,
+        Shape::Batch => 8,
+        Shape::Prefill => 64,
+    }
+}
+
+/// Fills `buf` with whole copies of one quantized row of `ty` (the values do not change
+/// a kernel's speed) and returns the row count; the buffer is reused across types so its
+/// pages are faulted in once.
+fn fill_matrix(ty: GgmlType, buf: &mut [u8]) -> usize {
+    let vals: Vec<f32> = (0..N)
+        .map(|i| ((i * 7919) % 255) as f32 / 127.0 - 1.0)
+        .collect();
+    let row = quant::quantize_row(ty, &vals);
+    let mut rows = 0;
+    for chunk in buf.chunks_exact_mut(row.len()) {
+        chunk.copy_from_slice(&row);
+        rows += 1;
+    }
+    rows
+}
+
+/// `m` quantized activations for `ty`.
+fn activations(ty: GgmlType, m: usize) -> Vec<u8> {
+    let ab = quant::act_bytes(ty, N);
+    let mut a = vec![0u8; ab * m];
+    for t in 0..m {
+        let x: Vec<f32> = (0..N).map(|i| ((i + 13 * t) as f32 * 0.01).sin()).collect();
+        quant::quantize_act(ty, &x, &mut a[t * ab..(t + 1) * ab]);
+    }
+    a
+}
+
+#[derive(Clone, Copy)]
+struct SendOut(*mut f32);
+// SAFETY: used only to hand pool tasks disjoint parts of one buffer.
+unsafe impl Send for SendOut {}
+unsafe impl Sync for SendOut {}
+impl SendOut {
+    /// The pointer `i` values on (a method, so closures capture the whole `Sync` value).
+    fn at(self, i: usize) -> *mut f32 {
+        self.0.wrapping_add(i)
+    }
+}
+
+/// Seconds of one call of `path` over the whole matrix with `m` tokens on `pool`.
+#[allow(clippy::too_many_arguments)]
+fn time_once(
+    pool: &ThreadPool,
+    ty: GgmlType,
+    path: Path,
+    w: &[u8],
+    rows: usize,
+    acts: &[u8],
+    m: usize,
+    out: &mut [f32],
+) -> f64 {
+    let p = SendOut(out.as_mut_ptr());
+    let t = Instant::now();
+    pool.for_ranges(rows, 16, &|r| {
+        // SAFETY: for_ranges hands out disjoint row ranges; each writes its own
+        // `m x r.len()` region of `out`, which holds rows x m values.
+        let o = unsafe { std::slice::from_raw_parts_mut(p.at(r.start * m), r.len() * m) };
+        if m == 1 {
+            quant::matvec_on(Some(path), ty, N, w, r, acts, o);
+        } else {
+            let stride = r.len();
+            quant::matmul_on(Some(path), ty, N, w, r, acts, m, o, stride);
+        }
+    });
+    t.elapsed().as_secs_f64()
+}
+
+/// Times every candidate of `ty` at `shape` on `buf` (its size sets the matrix's: pick
+/// several times the last-level cache for the streaming shapes) and returns the choice
+/// (not applied).
+pub fn time_candidates(
+    pool: &ThreadPool,
+    ty: GgmlType,
+    shape: Shape,
+    rounds: usize,
+    buf: &mut [u8],
+) -> Option<Choice> {
+    let paths = select::candidates(ty, shape);
+    let paths = paths.as_slice();
+    let first = *paths.first()?;
+    let m = tokens_of(shape);
+    let rows = fill_matrix(ty, buf);
+    if rows == 0 {
+        return None;
+    }
+    let w: &[u8] = &buf[..rows * (N / ty.block_size() * ty.type_size())];
+    let acts = activations(ty, m);
+    let mut out = vec![0f32; rows * m];
+    let mut best = vec![f64::INFINITY; paths.len()];
+    // One untimed pass first: page faults and cold caches belong to no candidate.
+    time_once(pool, ty, first, w, rows, &acts, m, &mut out);
+    for _ in 0..rounds.max(1) {
+        for (i, &p) in paths.iter().enumerate() {
+            let s = time_once(pool, ty, p, w, rows, &acts, m, &mut out);
+            best[i] = best[i].min(s);
+        }
+    }
+    let weights = (rows * N) as f64;
+    let timed: Vec<Timed> = paths
+        .iter()
+        .zip(&best)
+        .map(|(&path, &s)| Timed {
+            path,
+            bytes_per_s: (w.len() * m) as f64 / s,
+            ops_per_s: 2.0 * weights * m as f64 / s,
+        })
+        .collect();
+    let chosen = timed
+        .iter()
+        .max_by(|a, b| a.bytes_per_s.total_cmp(&b.bytes_per_s))
+        .map_or(first, |t| t.path);
+    Some(Choice {
+        ty: ty.name().to_string(),
+        shape,
+        tokens: m,
+        timed,
+        chosen,
+    })
+}
+
+/// Measures the ceilings and every type at every shape class on `pool`, and puts the
+/// fastest paths in force.
+pub fn choose(pool: &ThreadPool, b: Budget) -> Report {
+    let mut choices = Vec::new();
+    let mut stream = vec![0u8; b.stream_bytes];
+    let mut small = vec![0u8; b.prefill_bytes];
+    for ty in GgmlType::WEIGHT_TYPES {
+        for shape in Shape::ALL {
+            let buf = if shape == Shape::Prefill {
+                &mut small
+            } else {
+                &mut stream
+            };
+            if let Some(c) = time_candidates(pool, ty, shape, b.rounds, buf) {
+                choices.push(c);
+            }
+        }
+    }
+    drop(stream);
+    let report = Report {
+        threads: pool.n_threads(),
+        bandwidth_bytes_per_s: roofline::read_bandwidth(pool, b.stream_bytes, b.rounds.max(2)),
+        peak_int8_ops_per_s: roofline::peak_int8_ops(pool),
+        choices,
+    };
+    apply(&report);
+    report
+}
+
+/// Puts a report's choices in force; returns how many were taken (a path this CPU
+/// cannot run, from a stale or foreign report, is skipped).
+pub fn apply(report: &Report) -> usize {
+    report
+        .choices
+        .iter()
+        .filter(|c| {
+            GgmlType::WEIGHT_TYPES
+                .iter()
+                .find(|t| t.name() == c.ty)
+                .is_some_and(|&t| select::choose(t, c.shape, c.chosen))
+        })
+        .count()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_type_and_shape_gets_a_runnable_choice() {
+        let pool = ThreadPool::new(1);
+        let r = choose(&pool, Budget::TINY);
+        assert!(r.bandwidth_bytes_per_s > 0.0);
+        for ty in GgmlType::WEIGHT_TYPES {
+            for shape in Shape::ALL {
+                let cands = select::candidates(ty, shape);
+                let c = r
+                    .choices
+                    .iter()
+                    .find(|c| c.ty == ty.name() && c.shape == shape);
+                match c {
+                    None => assert!(cands.as_slice().is_empty(), "{ty} {shape:?}"),
+                    Some(c) => {
+                        assert_eq!(c.timed.len(), cands.as_slice().len());
+                        assert!(cands.as_slice().contains(&c.chosen));
+                        let best = c.timed.iter().map(|t| t.bytes_per_s).fold(0.0, f64::max);
+                        let kept = c.timed.iter().find(|t| t.path == c.chosen);
+                        assert_eq!(kept.map(|t| t.bytes_per_s), Some(best));
+                        assert!(c.timed.iter().all(|t| t.ops_per_s > 0.0));
+                        assert_eq!(select::chosen(ty, shape), Some(c.chosen));
+                    }
+                }
+            }
+        }
+        // A stored report applies again; a foreign type name is skipped.
+        let mut stale = r.clone();
+        stale.choices.push(Choice {
+            ty: "Q9_Z".into(),
+            ..r.choices[0].clone()
+        });
+        assert_eq!(apply(&stale), r.choices.len());
+    }
+}

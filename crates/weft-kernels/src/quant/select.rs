@@ -1,0 +1,332 @@
+//! Which kernel path each weight type takes, per shape class, on this CPU: the candidate
+//! paths the CPU can run, the one in use (a process-wide choice, set from a measurement
+//! by `calibrate::choose`, a fixed guess until then), and their names for reports.
+//!
+//! Why measured and not guessed: the same instruction mix wins on one x86 core and loses
+//! on another (Zen 4 runs 512-bit ops as two halves; its hardware prefetcher makes
+//! software prefetches a loss that was a win elsewhere).
+
+use std::sync::atomic::{AtomicU8, Ordering};
+
+use serde::{Deserialize, Serialize};
+use weft_gguf::GgmlType;
+
+/// Shape classes, by tokens per call: one (decode), a few (batched decode), many (prefill).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum Shape {
+    Decode,
+    Batch,
+    Prefill,
+}
+
+impl Shape {
+    pub const ALL: [Shape; 3] = [Shape::Decode, Shape::Batch, Shape::Prefill];
+    /// Most tokens a call may have to count as `Batch`.
+    pub const BATCH_MAX: usize = 16;
+
+    pub fn of_tokens(m: usize) -> Shape {
+        match m {
+            0 | 1 => Shape::Decode,
+            2..=Self::BATCH_MAX => Shape::Batch,
+            _ => Shape::Prefill,
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Shape::Decode => "decode",
+            Shape::Batch => "batch",
+            Shape::Prefill => "prefill",
+        }
+    }
+}
+
+/// How the integer products are summed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum Fused {
+    /// AVX2 only (`maddubs`, `madd`, `add`).
+    Avx2,
+    /// K formats: the scale multiply-add as one AVX-VNNI `vpdpwssd` (VEX).
+    AvxVnni,
+    /// K formats: the same as AVX-512 VNNI on 256-bit registers (EVEX, needs AVX512VL).
+    Avx512Vnni256,
+    /// 32-value formats, two tokens or more: the 512-bit `vpdpbusd` tile.
+    Avx512Vnni512,
+}
+
+/// One candidate path.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct Path {
+    pub fused: Fused,
+    /// Decode: software prefetches a few rows ahead of the stream (otherwise the hardware
+    /// prefetcher alone).
+    pub prefetch: bool,
+}
+
+impl Path {
+    pub fn name(self) -> String {
+        let f = match self.fused {
+            Fused::Avx2 => "avx2",
+            Fused::AvxVnni => "avx-vnni",
+            Fused::Avx512Vnni256 => "avx512vnni-256",
+            Fused::Avx512Vnni512 => "avx512vnni-512",
+        };
+        if self.prefetch {
+            format!("{f}+prefetch")
+        } else {
+            f.to_string()
+        }
+    }
+
+    fn code(self) -> u8 {
+        let f = match self.fused {
+            Fused::Avx2 => 0,
+            Fused::AvxVnni => 1,
+            Fused::Avx512Vnni256 => 2,
+            Fused::Avx512Vnni512 => 3,
+        };
+        1 + f * 2 + self.prefetch as u8
+    }
+
+    fn from_code(c: u8) -> Option<Path> {
+        let c = c.checked_sub(1)?;
+        let fused = match c / 2 {
+            0 => Fused::Avx2,
+            1 => Fused::AvxVnni,
+            2 => Fused::Avx512Vnni256,
+            3 => Fused::Avx512Vnni512,
+            _ => return None,
+        };
+        Some(Path {
+            fused,
+            prefetch: c % 2 == 1,
+        })
+    }
+}
+
+/// Whether the SIMD kernels run here: AVX2, FMA and F16C detected once, and
+/// `WEFT_KERNELS_SCALAR` (set and not "0", for comparisons and debugging) not forcing the
+/// scalar path.
+pub fn simd() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| {
+        if std::env::var_os("WEFT_KERNELS_SCALAR").is_some_and(|v| v != "0") {
+            return false;
+        }
+        #[cfg(target_arch = "x86_64")]
+        {
+            is_x86_feature_detected!("avx2")
+                && is_x86_feature_detected!("fma")
+                && is_x86_feature_detected!("f16c")
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        false
+    })
+}
+
+/// What the CPU offers, detected once (`WEFT_KERNELS_NO_VNNI` hides every VNNI form).
+#[derive(Clone, Copy, Debug)]
+struct Features {
+    avx_vnni: bool,
+    avx512_vnni_256: bool,
+    avx512_vnni_512: bool,
+}
+
+fn features() -> Features {
+    static F: std::sync::OnceLock<Features> = std::sync::OnceLock::new();
+    *F.get_or_init(|| {
+        let off = std::env::var_os("WEFT_KERNELS_NO_VNNI").is_some_and(|v| v != "0");
+        #[cfg(target_arch = "x86_64")]
+        {
+            let avx512 = is_x86_feature_detected!("avx512f")
+                && is_x86_feature_detected!("avx512bw")
+                && is_x86_feature_detected!("avx512vnni");
+            Features {
+                avx_vnni: !off && is_x86_feature_detected!("avxvnni"),
+                avx512_vnni_256: !off && avx512 && is_x86_feature_detected!("avx512vl"),
+                avx512_vnni_512: !off && avx512,
+            }
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        {
+            let _ = off;
+            Features {
+                avx_vnni: false,
+                avx512_vnni_256: false,
+                avx512_vnni_512: false,
+            }
+        }
+    })
+}
+
+fn is_k(ty: GgmlType) -> bool {
+    matches!(ty, GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q6_K)
+}
+
+fn is_legacy(ty: GgmlType) -> bool {
+    matches!(ty, GgmlType::Q4_0 | GgmlType::Q5_0 | GgmlType::Q8_0)
+}
+
+/// Whether this CPU can run `path` at all (its instructions are present and allowed).
+pub fn runnable(path: Path) -> bool {
+    let f = features();
+    simd()
+        && match path.fused {
+            Fused::Avx2 => true,
+            Fused::AvxVnni => f.avx_vnni,
+            Fused::Avx512Vnni256 => f.avx512_vnni_256,
+            Fused::Avx512Vnni512 => f.avx512_vnni_512,
+        }
+}
+
+/// A short list of paths, kept inline (the kernels consult it per call, so no heap).
+#[derive(Clone, Copy, Debug)]
+pub struct Paths {
+    items: [Path; 8],
+    len: usize,
+}
+
+impl Paths {
+    fn push(&mut self, p: Path) {
+        if self.len < self.items.len() {
+            self.items[self.len] = p;
+            self.len += 1;
+        }
+    }
+
+    pub fn as_slice(&self) -> &[Path] {
+        &self.items[..self.len]
+    }
+}
+
+/// The paths this CPU can run for `ty` at `shape` (empty where only the scalar path
+/// exists), the fixed guess first.
+pub fn candidates(ty: GgmlType, shape: Shape) -> Paths {
+    let mut out = Paths {
+        items: [Path {
+            fused: Fused::Avx2,
+            prefetch: false,
+        }; 8],
+        len: 0,
+    };
+    if !simd() || ty == GgmlType::Q8_K {
+        return out;
+    }
+    let mut fused = Paths { len: 0, ..out };
+    let mut add = |f: Fused| {
+        let p = Path {
+            fused: f,
+            prefetch: false,
+        };
+        if runnable(p) {
+            fused.push(p);
+        }
+    };
+    if is_legacy(ty) && shape != Shape::Decode {
+        add(Fused::Avx512Vnni512);
+    }
+    if is_k(ty) {
+        add(Fused::AvxVnni);
+    }
+    add(Fused::Avx2);
+    if is_k(ty) {
+        add(Fused::Avx512Vnni256);
+    }
+    let prefetch: &[bool] = if shape == Shape::Decode {
+        &[true, false]
+    } else {
+        &[true]
+    };
+    for &p in prefetch {
+        for f in fused.as_slice() {
+            out.push(Path {
+                fused: f.fused,
+                prefetch: p,
+            });
+        }
+    }
+    out
+}
+
+const TYPES: usize = GgmlType::WEIGHT_TYPES.len();
+/// 0: not set, else `Path::code`.
+static CHOSEN: [[AtomicU8; 3]; TYPES] = [const { [const { AtomicU8::new(0) }; 3] }; TYPES];
+
+fn slot(ty: GgmlType, shape: Shape) -> Option<&'static AtomicU8> {
+    let t = GgmlType::WEIGHT_TYPES.iter().position(|&w| w == ty)?;
+    let s = Shape::ALL.iter().position(|&x| x == shape)?;
+    Some(&CHOSEN[t][s])
+}
+
+/// The path `ty` takes at `shape`: the chosen one, else the first candidate.
+pub fn chosen(ty: GgmlType, shape: Shape) -> Option<Path> {
+    let set = slot(ty, shape).and_then(|s| Path::from_code(s.load(Ordering::Relaxed)));
+    set.or_else(|| candidates(ty, shape).as_slice().first().copied())
+}
+
+/// Makes `path` the one `ty` takes at `shape`; refused (false) when this CPU cannot run it.
+pub fn choose(ty: GgmlType, shape: Shape, path: Path) -> bool {
+    if !candidates(ty, shape).as_slice().contains(&path) {
+        return false;
+    }
+    match slot(ty, shape) {
+        Some(s) => {
+            s.store(path.code(), Ordering::Relaxed);
+            true
+        }
+        None => false,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn codes_round_trip_and_zero_is_unset() {
+        for fused in [
+            Fused::Avx2,
+            Fused::AvxVnni,
+            Fused::Avx512Vnni256,
+            Fused::Avx512Vnni512,
+        ] {
+            for prefetch in [false, true] {
+                let p = Path { fused, prefetch };
+                assert_eq!(Path::from_code(p.code()), Some(p));
+            }
+        }
+        assert_eq!(Path::from_code(0), None);
+        assert_eq!(Path::from_code(200), None);
+    }
+
+    #[test]
+    fn shapes_by_token_count() {
+        assert_eq!(Shape::of_tokens(1), Shape::Decode);
+        assert_eq!(Shape::of_tokens(2), Shape::Batch);
+        assert_eq!(Shape::of_tokens(16), Shape::Batch);
+        assert_eq!(Shape::of_tokens(17), Shape::Prefill);
+    }
+
+    #[test]
+    fn only_runnable_paths_are_accepted() {
+        let bogus = Path {
+            fused: Fused::Avx512Vnni512,
+            prefetch: false,
+        };
+        // The 512-bit tile never serves one token, nor a K format.
+        assert!(!candidates(GgmlType::Q8_0, Shape::Decode)
+            .as_slice()
+            .contains(&bogus));
+        assert!(!choose(GgmlType::Q4_K, Shape::Prefill, bogus));
+        for ty in GgmlType::WEIGHT_TYPES {
+            for shape in Shape::ALL {
+                let c = candidates(ty, shape);
+                let c = c.as_slice();
+                if simd() {
+                    assert!(!c.is_empty(), "{ty} {shape:?}");
+                }
+                assert_eq!(chosen(ty, shape).is_some(), !c.is_empty());
+            }
+        }
+    }
+}

@@ -1,0 +1,152 @@
+//! The machine's ceilings, measured: memory read bandwidth (one sequential stream per
+//! thread, the access pattern of decode) and the peak rate of the integer dot-product
+//! instructions the quantized kernels use. Kernels are reported against these.
+
+use std::time::Instant;
+
+use crate::ThreadPool;
+
+/// Bytes per second the pool's threads read from a buffer of `bytes` (make it several
+/// times the last-level cache), each thread one sequential stream; best of `reps` passes.
+pub fn read_bandwidth(pool: &ThreadPool, bytes: usize, reps: usize) -> f64 {
+    let words = (bytes / 8).max(1 << 12);
+    // Non-constant contents so no pass can be skipped; 8-byte words keep it aligned.
+    let buf: Vec<u64> = (0..words as u64)
+        .map(|i| i.wrapping_mul(0x9E37_79B9))
+        .collect();
+    let mut best = 0f64;
+    for _ in 0..reps.max(1) {
+        let sink = std::sync::atomic::AtomicU64::new(0);
+        let t = Instant::now();
+        // Ranges of 512 KiB: coarse enough that each is one long stream.
+        pool.for_ranges(words, 1 << 16, &|r| {
+            let s = sum_words(&buf[r]);
+            sink.fetch_add(s, std::sync::atomic::Ordering::Relaxed);
+        });
+        let secs = t.elapsed().as_secs_f64();
+        std::hint::black_box(sink.load(std::sync::atomic::Ordering::Relaxed));
+        best = best.max((words * 8) as f64 / secs);
+    }
+    best
+}
+
+/// Wrapping sum of `w`, AVX2 where present (the scalar loop is too slow to saturate a
+/// memory channel, so it would measure the core, not the memory).
+pub fn sum_words(w: &[u64]) -> u64 {
+    #[cfg(target_arch = "x86_64")]
+    if is_x86_feature_detected!("avx2") {
+        // SAFETY: AVX2 was just detected.
+        return unsafe { x86::sum_words(w) };
+    }
+    w.iter().fold(0u64, |a, &x| a.wrapping_add(x))
+}
+
+/// Integer dot-product operations per second (a byte product summed counts two, a
+/// multiply and an add) of the pool's threads running the 256-bit `vpmaddubsw` +
+/// `vpmaddwd` pair the AVX2 kernels use, from registers only: the compute ceiling for
+/// prefill. None where the CPU has no AVX2.
+pub fn peak_int8_ops(pool: &ThreadPool) -> Option<f64> {
+    #[cfg(target_arch = "x86_64")]
+    if is_x86_feature_detected!("avx2") {
+        const ITERS: usize = 2_000_000;
+        let mut best = 0f64;
+        for _ in 0..3 {
+            let t = Instant::now();
+            pool.run(pool.n_threads(), &|_| {
+                // SAFETY: AVX2 was just detected.
+                std::hint::black_box(unsafe { x86::madd_loop(ITERS) });
+            });
+            let secs = t.elapsed().as_secs_f64();
+            best = best.max(x86::OPS_PER_ITER * ITERS as f64 * pool.n_threads() as f64 / secs);
+        }
+        return Some(best);
+    }
+    let _ = pool;
+    None
+}
+
+#[cfg(target_arch = "x86_64")]
+mod x86 {
+    use std::arch::x86_64::*;
+
+    /// # Safety
+    /// AVX2 present.
+    #[target_feature(enable = "avx2")]
+    pub unsafe fn sum_words(w: &[u64]) -> u64 {
+        let zero = _mm256_setzero_si256();
+        let mut acc = [zero; 4];
+        let chunks = w.chunks_exact(16);
+        let tail = chunks.remainder();
+        for c in chunks {
+            for (k, a) in acc.iter_mut().enumerate() {
+                // SAFETY: c holds 16 words = four 32-byte vectors.
+                let v = unsafe { _mm256_loadu_si256(c.as_ptr().add(4 * k).cast()) };
+                *a = _mm256_add_epi64(*a, v);
+            }
+        }
+        let s = _mm256_add_epi64(
+            _mm256_add_epi64(acc[0], acc[1]),
+            _mm256_add_epi64(acc[2], acc[3]),
+        );
+        let mut lanes = [0u64; 4];
+        // SAFETY: 32 bytes into a 32-byte array.
+        unsafe { _mm256_storeu_si256(lanes.as_mut_ptr().cast(), s) };
+        lanes
+            .iter()
+            .chain(tail)
+            .fold(0u64, |a, &x| a.wrapping_add(x))
+    }
+
+    /// Independent chains: enough to cover the pair's latency at two per cycle.
+    const CHAINS: usize = 12;
+    /// Per iteration, each chain dots 32 byte pairs: 32 multiplies and 32 adds, counted
+    /// as the kernels count their work (2 x weights x tokens).
+    pub const OPS_PER_ITER: f64 = CHAINS as f64 * 64.0;
+
+    /// # Safety
+    /// AVX2 present.
+    #[target_feature(enable = "avx2")]
+    pub unsafe fn madd_loop(iters: usize) -> i32 {
+        let a = _mm256_set1_epi8(3);
+        let ones = _mm256_set1_epi16(1);
+        let mut acc = [_mm256_set1_epi8(1); CHAINS];
+        for _ in 0..iters {
+            for x in acc.iter_mut() {
+                // Both results feed the next iteration, so nothing is hoisted.
+                let p = _mm256_maddubs_epi16(a, *x);
+                *x = _mm256_madd_epi16(p, ones);
+            }
+        }
+        let mut s = acc[0];
+        for x in &acc[1..] {
+            s = _mm256_xor_si256(s, *x);
+        }
+        _mm256_extract_epi32::<0>(s)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn simd_sum_equals_scalar_sum() {
+        let w: Vec<u64> = (0..1037u64).map(|i| i.wrapping_mul(u64::MAX / 7)).collect();
+        let want = w.iter().fold(0u64, |a, &x| a.wrapping_add(x));
+        assert_eq!(sum_words(&w), want);
+        assert_eq!(
+            sum_words(&w[..5]),
+            w[..5].iter().fold(0, |a: u64, &x| a.wrapping_add(x))
+        );
+    }
+
+    #[test]
+    fn ceilings_are_positive() {
+        let pool = ThreadPool::new(1);
+        let bw = read_bandwidth(&pool, 4 << 20, 2);
+        assert!(bw > 1e8 && bw.is_finite(), "{bw}");
+        if let Some(p) = peak_int8_ops(&pool) {
+            assert!(p > 1e9 && p.is_finite(), "{p}");
+        }
+    }
+}

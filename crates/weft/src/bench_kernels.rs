@@ -1,0 +1,77 @@
+//! `weft bench --kernels`: times every kernel path of each weight type and shape class on
+//! this CPU (weft-kernels' `choose`), keeps the fastest (cached for later runs) and prints
+//! each candidate against the machine's bandwidth and integer peak.
+
+use anyhow::Result;
+use serde_json::json;
+
+use crate::paths::weft_home;
+
+pub fn run(json_out: bool) -> Result<()> {
+    let cache = weft_home().join("calibration");
+    let (r, _) = weft_cluster::profile::select_kernels(Some(&cache), true);
+    let cpu = weft_cluster::profile::cpu_model();
+    if json_out {
+        outln!(
+            "{}",
+            serde_json::to_string_pretty(&json!({
+                "cpu": cpu,
+                "simd": weft_kernels::quant::simd_name(),
+                "report": r,
+            }))?
+        )?;
+        return Ok(());
+    }
+    let bw = r.bandwidth_bytes_per_s;
+    outln!(
+        "{cpu}, {} thread; kernels {}",
+        r.threads,
+        weft_kernels::quant::simd_name()
+    )?;
+    outln!("memory read bandwidth {:.1} GB/s (one stream)", bw / 1e9)?;
+    match r.peak_int8_ops_per_s {
+        Some(p) => outln!(
+            "integer dot peak {:.0} GOPS (vpmaddubsw + vpmaddwd)",
+            p / 1e9
+        )?,
+        None => outln!("integer dot peak: not measured (no AVX2)")?,
+    }
+    outln!(
+        "{:<6} {:<8} {:>6}  {:<28} {:>9} {:>7} {:>8} {:>7}  chosen",
+        "type",
+        "shape",
+        "tokens",
+        "path",
+        "GB/s",
+        "of bw",
+        "GOPS",
+        "of peak"
+    )?;
+    for c in &r.choices {
+        for t in &c.timed {
+            let of_peak = r
+                .peak_int8_ops_per_s
+                .filter(|_| c.ty.starts_with('Q'))
+                .map_or("-".to_string(), |p| {
+                    format!("{:.0}%", 100.0 * t.ops_per_s / p)
+                });
+            outln!(
+                "{:<6} {:<8} {:>6}  {:<28} {:>9.1} {:>6.0}% {:>8.1} {:>7}  {}",
+                c.ty,
+                c.shape.name(),
+                c.tokens,
+                t.path.name(),
+                t.bytes_per_s / 1e9,
+                100.0 * t.bytes_per_s / bw,
+                t.ops_per_s / 1e9,
+                of_peak,
+                if t.path == c.chosen { "*" } else { "" }
+            )?;
+        }
+    }
+    outln!(
+        "GB/s: weight bytes x tokens per second; the choices are cached in {}",
+        cache.display()
+    )?;
+    Ok(())
+}
