@@ -138,7 +138,7 @@ pub fn vec_dot(w: GgmlType, n: usize, row: &[u8], act: &[u8]) -> f32 {
         Isa::Avx2 if avx2::supports(w) => {
             let mut out = [0.0f32];
             matvec_on(
-                select::chosen(w, Shape::Decode),
+                select::chosen(w, Shape::of(1, n)),
                 w,
                 n,
                 row,
@@ -164,7 +164,7 @@ pub fn matvec(
     out: &mut [f32],
 ) {
     matvec_on(
-        select::chosen(w, Shape::Decode),
+        select::chosen(w, Shape::of(1, n)),
         w,
         n,
         weights,
@@ -174,7 +174,7 @@ pub fn matvec(
     )
 }
 
-/// [`matvec`] on a given path (one of `select::candidates(w, Shape::Decode)`; None, or
+/// [`matvec`] on a given path (one of `select::candidates(w, Shape::of(1, n))`; None, or
 /// one this CPU cannot run: the scalar path), for timing and testing each candidate.
 pub fn matvec_on(
     path: Option<Path>,
@@ -227,11 +227,11 @@ pub fn matmul(
     out: &mut [f32],
     out_stride: usize,
 ) {
-    let path = select::chosen(w, Shape::of_tokens(m));
+    let path = select::chosen(w, Shape::of(m, n));
     matmul_on(path, w, n, weights, rows, acts, m, out, out_stride)
 }
 
-/// [`matmul`] on a given path (one of `select::candidates(w, Shape::of_tokens(m))`;
+/// [`matmul`] on a given path (one of `select::candidates(w, Shape::of(m, n))`;
 /// None, or one this CPU cannot run: the scalar path).
 #[allow(clippy::too_many_arguments)]
 pub fn matmul_on(

@@ -11,30 +11,48 @@ use std::sync::atomic::{AtomicU8, Ordering};
 use serde::{Deserialize, Serialize};
 use weft_gguf::GgmlType;
 
-/// Shape classes, by tokens per call: one (decode), a few (batched decode), many (prefill).
+/// Shape classes, by tokens per call: one (decode: rows of more than `SHORT_ROW` values,
+/// or short ones, where the hardware prefetcher behaves differently), a few (batched
+/// decode), many (prefill).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub enum Shape {
     Decode,
+    DecodeShort,
     Batch,
     Prefill,
 }
 
 impl Shape {
-    pub const ALL: [Shape; 3] = [Shape::Decode, Shape::Batch, Shape::Prefill];
+    pub const ALL: [Shape; 4] = [
+        Shape::Decode,
+        Shape::DecodeShort,
+        Shape::Batch,
+        Shape::Prefill,
+    ];
     /// Most tokens a call may have to count as `Batch`.
     pub const BATCH_MAX: usize = 16;
+    /// Longest row (values) a `DecodeShort` matvec has.
+    pub const SHORT_ROW: usize = 1024;
 
-    pub fn of_tokens(m: usize) -> Shape {
+    /// The class of a call of `m` tokens over rows of `n` values.
+    pub fn of(m: usize, n: usize) -> Shape {
         match m {
+            0 | 1 if n <= Self::SHORT_ROW => Shape::DecodeShort,
             0 | 1 => Shape::Decode,
             2..=Self::BATCH_MAX => Shape::Batch,
             _ => Shape::Prefill,
         }
     }
 
+    /// One token per call.
+    pub fn is_decode(self) -> bool {
+        matches!(self, Shape::Decode | Shape::DecodeShort)
+    }
+
     pub fn name(self) -> &'static str {
         match self {
             Shape::Decode => "decode",
+            Shape::DecodeShort => "decode-short",
             Shape::Batch => "batch",
             Shape::Prefill => "prefill",
         }
@@ -222,7 +240,7 @@ pub fn candidates(ty: GgmlType, shape: Shape) -> Paths {
             fused.push(p);
         }
     };
-    if is_legacy(ty) && shape != Shape::Decode {
+    if is_legacy(ty) && !shape.is_decode() {
         add(Fused::Avx512Vnni512);
     }
     if is_k(ty) {
@@ -232,7 +250,7 @@ pub fn candidates(ty: GgmlType, shape: Shape) -> Paths {
     if is_k(ty) {
         add(Fused::Avx512Vnni256);
     }
-    let prefetch: &[bool] = if shape == Shape::Decode {
+    let prefetch: &[bool] = if shape.is_decode() {
         &[true, false]
     } else {
         &[true]
@@ -250,7 +268,9 @@ pub fn candidates(ty: GgmlType, shape: Shape) -> Paths {
 
 const TYPES: usize = GgmlType::WEIGHT_TYPES.len();
 /// 0: not set, else `Path::code`.
-static CHOSEN: [[AtomicU8; 3]; TYPES] = [const { [const { AtomicU8::new(0) }; 3] }; TYPES];
+const SHAPES: usize = Shape::ALL.len();
+static CHOSEN: [[AtomicU8; SHAPES]; TYPES] =
+    [const { [const { AtomicU8::new(0) }; SHAPES] }; TYPES];
 
 fn slot(ty: GgmlType, shape: Shape) -> Option<&'static AtomicU8> {
     let t = GgmlType::WEIGHT_TYPES.iter().position(|&w| w == ty)?;
@@ -301,10 +321,11 @@ mod tests {
 
     #[test]
     fn shapes_by_token_count() {
-        assert_eq!(Shape::of_tokens(1), Shape::Decode);
-        assert_eq!(Shape::of_tokens(2), Shape::Batch);
-        assert_eq!(Shape::of_tokens(16), Shape::Batch);
-        assert_eq!(Shape::of_tokens(17), Shape::Prefill);
+        assert_eq!(Shape::of(1, 2048), Shape::Decode);
+        assert_eq!(Shape::of(1, 640), Shape::DecodeShort);
+        assert_eq!(Shape::of(2, 640), Shape::Batch);
+        assert_eq!(Shape::of(16, 4096), Shape::Batch);
+        assert_eq!(Shape::of(17, 4096), Shape::Prefill);
     }
 
     #[test]

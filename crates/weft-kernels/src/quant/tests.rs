@@ -402,7 +402,7 @@ fn matvec_matches_scalar_and_reference() {
                         &format!("{what} vec_dot"),
                     );
                     // Every path this CPU can take, not only the chosen one.
-                    for path in select::candidates(w, Shape::Decode).as_slice() {
+                    for path in select::candidates(w, Shape::of(1, n)).as_slice() {
                         assert!(have_simd);
                         let mut o = [0.0f32];
                         matvec_on(Some(*path), w, n, row, 0..1, &act, &mut o);
@@ -438,7 +438,7 @@ fn matmul_matches_scalar() {
                 let stride = rows + 3;
                 let range = 1..rows + 1;
                 // The chosen path, then every path this CPU can take at this shape.
-                let paths = select::candidates(w, Shape::of_tokens(m));
+                let paths = select::candidates(w, Shape::of(m, n));
                 let tried = std::iter::once(None).chain(paths.as_slice().iter().map(|p| Some(*p)));
                 for path in tried {
                     let mut out = vec![f32::NAN; m * stride];
