@@ -81,7 +81,11 @@ pub fn greedy(model: &str, prompt: &str, n: usize, layout: &[&str]) -> Value {
 
 /// How far one token's logprob may move when only the summation order changes, on a
 /// synthetic model (small activations: the 8-bit activation rounding rarely flips).
-pub const SYNTHETIC_TOL: f64 = 0.1;
+/// Measured: 0.107 between one node and EP=3 (2,1,1) on the Q8_0 model of
+/// moe_cluster.rs, the first token of the long prompt, once prefill took the AVX2 tile
+/// instead of the AVX-512 VNNI one (a different rounding path, same greedy path after
+/// the tie); a bug moves logprobs by whole nats.
+pub const SYNTHETIC_TOL: f64 = 0.15;
 
 /// The logprob of `id` in the `top_logprobs` entry `i` of a run, if it made the top list.
 pub fn top_logprob(run: &Value, i: usize, id: u64) -> Option<f64> {
