@@ -4,6 +4,7 @@
 
 use weft_gguf::{GgmlType, GgufFile};
 use weft_kernels::calibrate::TypeRate;
+use weft_kernels::quant::select::Shape;
 use weft_model::ModelConfig;
 use weft_plan::{ClusterProfile, LayerProfile, ModelProfile, NodeProfile};
 
@@ -58,11 +59,11 @@ pub fn model_profile(file: &GgufFile, cfg: &ModelConfig) -> ModelProfile {
 
 /// Bytes of each weight type a decoded token reads: the layers' tensors (a MoE layer's
 /// experts at the share a token uses) and the head.
-pub fn type_mix(file: &GgufFile, cfg: &ModelConfig) -> Vec<(GgmlType, f64)> {
+pub fn type_mix(file: &GgufFile, cfg: &ModelConfig) -> Vec<TypeBytes> {
     let share = cfg
         .moe
         .map_or(1.0, |m| m.n_expert_used as f64 / m.n_expert as f64);
-    let mut mix: Vec<(GgmlType, f64)> = Vec::new();
+    let mut mix: Vec<TypeBytes> = Vec::new();
     let head = if cfg.tied_output {
         "token_embd.weight"
     } else {
@@ -76,34 +77,74 @@ pub fn type_mix(file: &GgufFile, cfg: &ModelConfig) -> Vec<(GgmlType, f64)> {
         if t.name.contains("_exps.") {
             bytes *= share;
         }
-        match mix.iter_mut().find(|(ty, _)| *ty == t.ty) {
-            Some((_, b)) => *b += bytes,
-            None => mix.push((t.ty, bytes)),
+        let i = match mix.iter().position(|e| e.ty == t.ty) {
+            Some(i) => i,
+            None => {
+                mix.push(TypeBytes {
+                    ty: t.ty,
+                    long: 0.0,
+                    short: 0.0,
+                });
+                mix.len() - 1
+            }
+        };
+        if t.dims[0] as usize <= Shape::SHORT_ROW {
+            mix[i].short += bytes;
+        } else {
+            mix[i].long += bytes;
         }
     }
     mix
 }
 
+/// Bytes of one weight type a decode step reads, in rows of a common width and in short
+/// rows (at most `Shape::SHORT_ROW` values, which stream at their own rate).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct TypeBytes {
+    pub ty: GgmlType,
+    pub long: f64,
+    pub short: f64,
+}
+
+/// Which of a type's rates applies.
+#[derive(Clone, Copy, PartialEq)]
+enum Rate {
+    Decode,
+    Prefill,
+}
+
 /// A node's streaming rate over a type mix: total bytes over the sum of each type's
 /// bytes / its rate (types it did not measure count at its slowest measured rate).
-fn mixed_rate(rates: &[TypeRate], mix: &[(GgmlType, f64)], pick: fn(&TypeRate) -> f64) -> f64 {
-    let slowest = rates.iter().map(pick).fold(f64::INFINITY, f64::min);
+fn mixed_rate(rates: &[TypeRate], mix: &[TypeBytes], which: Rate) -> f64 {
+    let pick = |r: &TypeRate, short: bool| match which {
+        Rate::Decode => r.decode_rate(short),
+        Rate::Prefill => r.prefill_bytes_per_s,
+    };
+    let slowest = |short: bool| {
+        rates
+            .iter()
+            .map(|r| pick(r, short))
+            .fold(f64::INFINITY, f64::min)
+    };
     let (mut bytes, mut secs) = (0.0, 0.0);
-    for &(ty, b) in mix {
-        let r = weft_kernels::calibrate::rate_of(rates, ty).map_or(slowest, pick);
-        bytes += b;
-        secs += b / r.max(1.0);
+    for e in mix {
+        let r = weft_kernels::calibrate::rate_of(rates, e.ty);
+        for (b, short) in [(e.long, false), (e.short, true)] {
+            let rate = r.map_or(slowest(short), |r| pick(r, short));
+            bytes += b;
+            secs += b / rate.max(1.0);
+        }
     }
     if secs > 0.0 {
         bytes / secs
     } else {
-        slowest
+        slowest(false)
     }
 }
 
 /// The planner's cluster from a survey: memory each node offers, its kernel speed over
 /// the model's type mix, the measured links (round trips in µs, bandwidth in bytes/s).
-pub fn cluster_profile(s: &Survey, mix: &[(GgmlType, f64)]) -> ClusterProfile {
+pub fn cluster_profile(s: &Survey, mix: &[TypeBytes]) -> ClusterProfile {
     let n = s.nodes.len();
     let nodes = s
         .nodes
@@ -112,18 +153,27 @@ pub fn cluster_profile(s: &Survey, mix: &[(GgmlType, f64)]) -> ClusterProfile {
         .map(|(info, addr)| NodeProfile {
             name: format!("{} ({addr})", info.name),
             memory_bytes: info.offered_memory(),
-            decode_bytes_per_s: mixed_rate(&info.rates, mix, |r| r.decode_bytes_per_s),
-            prefill_bytes_per_s: mixed_rate(&info.rates, mix, |r| r.prefill_bytes_per_s),
+            decode_bytes_per_s: mixed_rate(&info.rates, mix, Rate::Decode),
+            prefill_bytes_per_s: mixed_rate(&info.rates, mix, Rate::Prefill),
             // Sharing memory only slows a node: a loaded figure above the solo one is a
             // window that ran partly alone.
             loaded_decode_bytes_per_s: if info.rates_loaded.is_empty() {
                 0.0
             } else {
-                mixed_rate(&info.rates_loaded, mix, |r| r.decode_bytes_per_s).min(mixed_rate(
-                    &info.rates,
-                    mix,
-                    |r| r.decode_bytes_per_s,
-                ))
+                // The loaded round times common rows only (and no short ones): the
+                // solo rate over the mix, slowed as much as sharing slowed those.
+                let solo = mixed_rate(&info.rates, mix, Rate::Decode);
+                let solo_common: Vec<TypeRate> = info
+                    .rates
+                    .iter()
+                    .map(|r| TypeRate {
+                        decode_short_bytes_per_s: 0.0,
+                        ..r.clone()
+                    })
+                    .collect();
+                let loaded = mixed_rate(&info.rates_loaded, mix, Rate::Decode);
+                let alone = mixed_rate(&solo_common, mix, Rate::Decode);
+                (solo * loaded / alone.max(1.0)).min(solo)
             },
         })
         .collect();

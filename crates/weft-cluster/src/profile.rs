@@ -242,8 +242,9 @@ pub fn kernel_rates(threads: usize, cache_dir: Option<&Path>, fresh: bool) -> Ve
         }
     }
     let pool = ThreadPool::new(threads.max(1));
-    // 64 MiB: well past the last-level cache of the machines weft meets.
-    let rates = calibrate::measure(&pool, 64 << 20, 32);
+    // 192 MiB: several times the last-level cache of the machines weft meets (a buffer
+    // only twice the cache stays partly cached and reads fast).
+    let rates = calibrate::measure(&pool, 192 << 20);
     write_cache(file.as_deref(), &rates);
     rates
 }
@@ -291,8 +292,7 @@ pub fn local_info(
         fresh,
     );
     for r in &mut rates {
-        r.decode_bytes_per_s /= slowdown;
-        r.prefill_bytes_per_s /= slowdown;
+        r.slow_down(slowdown);
     }
     let models_dir = home.map(|h| h.join("models"));
     NodeInfo {
@@ -329,8 +329,7 @@ pub fn loaded_rates(threads: usize, slowdown: f64) -> Vec<TypeRate> {
         1.0
     };
     for r in &mut rates {
-        r.decode_bytes_per_s /= f;
-        r.prefill_bytes_per_s /= f;
+        r.slow_down(f);
     }
     rates
 }

@@ -1,14 +1,16 @@
-//! Measured speed of this machine's kernels, per weight type: decode (a quantized matvec
-//! streaming a matrix larger than the caches) in weight bytes per second, and prefill (a
-//! quantized matmul of many tokens) in weight bytes × tokens per second. The planner
-//! turns a model's bytes of each type into seconds with these figures.
+//! Measured speed of this machine's kernels, per weight type, on the paths in force:
+//! decode (a quantized matvec streaming matrices larger than the caches, rows of a common
+//! width and short ones) in weight bytes per second, and prefill (a quantized matmul of
+//! many tokens) in weight bytes × tokens per second. The planner turns a model's bytes of
+//! each type into seconds with these figures.
 
 use std::time::Instant;
 
 use serde::{Deserialize, Serialize};
 use weft_gguf::GgmlType;
 
-use crate::quant;
+use crate::choose;
+use crate::quant::{self, select, select::Shape};
 use crate::ThreadPool;
 
 /// One weight type's measured rates.
@@ -17,7 +19,29 @@ pub struct TypeRate {
     /// The type's GGML name ("Q4_K").
     pub ty: String,
     pub decode_bytes_per_s: f64,
+    /// Decode over rows of at most `Shape::SHORT_ROW` values (Gemma 3 270M's 640), which
+    /// streams slower; 0 where not measured (then `decode_bytes_per_s` stands for it).
+    #[serde(default)]
+    pub decode_short_bytes_per_s: f64,
     pub prefill_bytes_per_s: f64,
+}
+
+impl TypeRate {
+    /// Divides every rate by `f` (a node made `f` times slower).
+    pub fn slow_down(&mut self, f: f64) {
+        self.decode_bytes_per_s /= f;
+        self.decode_short_bytes_per_s /= f;
+        self.prefill_bytes_per_s /= f;
+    }
+
+    /// The decode rate over `short` rows or rows of a common width.
+    pub fn decode_rate(&self, short: bool) -> f64 {
+        if short && self.decode_short_bytes_per_s > 0.0 {
+            self.decode_short_bytes_per_s
+        } else {
+            self.decode_bytes_per_s
+        }
+    }
 }
 
 /// The types measured: every type weft computes with.
@@ -38,61 +62,41 @@ fn matrix(ty: GgmlType, n: usize, bytes: usize) -> (Vec<u8>, usize) {
     (m, rows)
 }
 
-/// Best of `reps` timings of `f`, in seconds.
-fn best(reps: usize, mut f: impl FnMut()) -> f64 {
-    (0..reps)
-        .map(|_| {
-            let t = Instant::now();
-            f();
-            t.elapsed().as_secs_f64()
-        })
-        .fold(f64::INFINITY, f64::min)
-}
-
-/// Measures every type on `pool`: decode over `decode_bytes` of weights (pick several
-/// times the last-level cache), prefill over a quarter of that with `tokens` tokens.
-pub fn measure(pool: &ThreadPool, decode_bytes: usize, tokens: usize) -> Vec<TypeRate> {
-    const N: usize = 2048;
+/// Measures every type on `pool` on the paths in force: decode over `decode_bytes` of
+/// weights (pick several times the last-level cache), matrix by matrix as a forward pass
+/// reads them, at the common and the short row width; prefill on a cache-sized matrix.
+pub fn measure(pool: &ThreadPool, decode_bytes: usize) -> Vec<TypeRate> {
+    let mut stream = vec![0u8; decode_bytes];
+    let mut small = vec![0u8; (decode_bytes / 32).max(1 << 16)];
+    let mut rate = |ty: GgmlType, shape: Shape| {
+        let buf = if shape == Shape::Prefill {
+            &mut small
+        } else {
+            &mut stream
+        };
+        let paths: Vec<_> = select::chosen(ty, shape).into_iter().collect();
+        let timed = choose::time_paths(pool, ty, shape, &paths, (5, choose::Keep::Median), buf);
+        // Where only the scalar path exists (no SIMD here) time that one.
+        if let Some(t) = timed.first() {
+            return t.bytes_per_s;
+        }
+        let n = 2048;
+        let row = quant::quantize_row(ty, &vec![0.5; n]);
+        let act = vec![0u8; quant::act_bytes(ty, n)];
+        let mut out = [0f32; 64];
+        let rows = 64;
+        let w = row.repeat(rows);
+        let t = Instant::now();
+        quant::matvec_on(None, ty, n, &w, 0..rows, &act, &mut out);
+        w.len() as f64 / t.elapsed().as_secs_f64().max(1e-9)
+    };
     MEASURED
         .iter()
-        .map(|&ty| {
-            let (w, rows) = matrix(ty, N, decode_bytes);
-            let acts = {
-                let x: Vec<f32> = (0..N).map(|i| (i as f32 * 0.01).sin()).collect();
-                let mut a = vec![0u8; quant::act_bytes(ty, N) * tokens];
-                let ab = quant::act_bytes(ty, N);
-                for t in 0..tokens {
-                    quant::quantize_act(ty, &x, &mut a[t * ab..(t + 1) * ab]);
-                }
-                a
-            };
-            let ab = quant::act_bytes(ty, N);
-            let mut out = vec![0f32; rows * tokens.max(1)];
-            let decode = best(3, || {
-                let p = SendOut(out.as_mut_ptr());
-                pool.for_ranges(rows, 4, &|r| {
-                    // SAFETY: for_ranges hands out disjoint row ranges of `out`.
-                    let o = unsafe { std::slice::from_raw_parts_mut(p.at(r.start), r.len()) };
-                    quant::matvec(ty, N, &w, r, &acts[..ab], o);
-                });
-            });
-            let prows = (rows / 4).max(1);
-            let pbytes = w.len() / rows * prows;
-            let prefill = best(2, || {
-                let p = SendOut(out.as_mut_ptr());
-                pool.for_ranges(prows, 16, &|r| {
-                    // SAFETY: each range writes its own rows' region of `out`.
-                    let o = unsafe {
-                        std::slice::from_raw_parts_mut(p.at(r.start * tokens), r.len() * tokens)
-                    };
-                    quant::matmul(ty, N, &w, r.clone(), &acts, tokens, o, r.len());
-                });
-            });
-            TypeRate {
-                ty: ty.name().to_string(),
-                decode_bytes_per_s: w.len() as f64 / decode,
-                prefill_bytes_per_s: pbytes as f64 * tokens as f64 / prefill,
-            }
+        .map(|&ty| TypeRate {
+            ty: ty.name().to_string(),
+            decode_bytes_per_s: rate(ty, Shape::Decode),
+            decode_short_bytes_per_s: rate(ty, Shape::DecodeShort),
+            prefill_bytes_per_s: rate(ty, Shape::Prefill),
         })
         .collect()
 }
@@ -135,6 +139,7 @@ pub fn measure_decode_together(
             TypeRate {
                 ty: ty.name().to_string(),
                 decode_bytes_per_s: (w.len() * passes) as f64 / t.elapsed().as_secs_f64(),
+                decode_short_bytes_per_s: 0.0,
                 prefill_bytes_per_s: 0.0,
             }
         })
@@ -163,9 +168,31 @@ mod tests {
     use super::*;
 
     #[test]
+    fn a_slowed_node_is_slower_at_every_rate_and_short_rows_fall_back() {
+        let mut r = TypeRate {
+            ty: "Q8_0".into(),
+            decode_bytes_per_s: 20e9,
+            decode_short_bytes_per_s: 16e9,
+            prefill_bytes_per_s: 40e9,
+        };
+        r.slow_down(4.0);
+        assert_eq!(
+            (
+                r.decode_rate(false),
+                r.decode_rate(true),
+                r.prefill_bytes_per_s
+            ),
+            (5e9, 4e9, 10e9)
+        );
+        // A figure from a node that did not time short rows stands for both widths.
+        r.decode_short_bytes_per_s = 0.0;
+        assert_eq!(r.decode_rate(true), 5e9);
+    }
+
+    #[test]
     fn every_type_gets_positive_rates() {
         let pool = ThreadPool::new(1);
-        let rates = measure(&pool, 1 << 20, 8);
+        let rates = measure(&pool, 1 << 20);
         assert_eq!(rates.len(), MEASURED.len());
         for r in &rates {
             assert!(
@@ -174,6 +201,10 @@ mod tests {
             );
             assert!(
                 r.prefill_bytes_per_s > 0.0 && r.prefill_bytes_per_s.is_finite(),
+                "{r:?}"
+            );
+            assert!(
+                r.decode_short_bytes_per_s > 0.0 && r.decode_short_bytes_per_s.is_finite(),
                 "{r:?}"
             );
         }

@@ -13,12 +13,13 @@ use crate::quant::{self};
 use crate::{roofline, ThreadPool};
 
 /// Bumped whenever a kernel changes, so timings cached under an older one are retaken.
-pub const REVISION: u32 = 3;
+pub const REVISION: u32 = 5;
 
-/// Values per weight row in the timed matrices: a common hidden size, and a short one
-/// (Gemma 3 270M's 640 rounded to whole K-quant blocks) for `Shape::DecodeShort`.
-fn width_of(shape: Shape) -> usize {
+/// Values per weight row in the timed matrices: a common hidden size, and a short one for
+/// `Shape::DecodeShort` (Gemma 3 270M's 640, or 512 where blocks hold 256 values).
+fn width_of(ty: GgmlType, shape: Shape) -> usize {
     match shape {
+        Shape::DecodeShort if 640 % ty.block_size() == 0 => 640,
         Shape::DecodeShort => 512,
         _ => 2048,
     }
@@ -175,9 +176,66 @@ fn time_once(
     t.elapsed().as_secs_f64()
 }
 
-/// Times every candidate of `ty` at `shape` on `buf` (its size sets the matrix's: pick
-/// several times the last-level cache for the streaming shapes) and returns the choice
-/// (not applied).
+/// Which of a path's timings a figure keeps.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Keep {
+    /// The fastest: for ranking paths, where what matters is what each can do.
+    Best,
+    /// The median: for predicting speed, which the machine's typical moment sets (on a
+    /// shared machine the best timing is an optimistic outlier).
+    Median,
+}
+
+/// Times `paths` for `ty` at `shape` side by side on `buf` (its size sets the matrix's:
+/// pick several times the last-level cache for the streaming shapes) for `rounds` rounds.
+pub fn time_paths(
+    pool: &ThreadPool,
+    ty: GgmlType,
+    shape: Shape,
+    paths: &[Path],
+    (rounds, keep): (usize, Keep),
+    buf: &mut [u8],
+) -> Vec<Timed> {
+    let m = tokens_of(shape);
+    let n = width_of(ty, shape);
+    let rows = fill_matrix(ty, n, buf);
+    let Some(&first) = paths.first().filter(|_| rows > 0) else {
+        return Vec::new();
+    };
+    let w: &[u8] = &buf[..rows * (n / ty.block_size() * ty.type_size())];
+    let acts = activations(ty, n, m);
+    let mut out = vec![0f32; rows * m];
+    let mut times = vec![Vec::new(); paths.len()];
+    // One untimed pass first: page faults and cold caches belong to no candidate.
+    time_once(pool, (ty, n), first, w, rows, &acts, m, &mut out);
+    for _ in 0..rounds.max(1) {
+        for (i, &p) in paths.iter().enumerate() {
+            times[i].push(time_once(pool, (ty, n), p, w, rows, &acts, m, &mut out));
+        }
+    }
+    let kept: Vec<f64> = times
+        .iter_mut()
+        .map(|t| {
+            t.sort_by(f64::total_cmp);
+            match keep {
+                Keep::Best => t[0],
+                Keep::Median => t[t.len() / 2],
+            }
+        })
+        .collect();
+    let weights = (rows * n) as f64;
+    paths
+        .iter()
+        .zip(&kept)
+        .map(|(&path, &s)| Timed {
+            path,
+            bytes_per_s: (w.len() * m) as f64 / s,
+            ops_per_s: 2.0 * weights * m as f64 / s,
+        })
+        .collect()
+}
+
+/// Times every candidate of `ty` at `shape` on `buf` and returns the choice (not applied).
 pub fn time_candidates(
     pool: &ThreadPool,
     ty: GgmlType,
@@ -189,33 +247,10 @@ pub fn time_candidates(
     let paths = paths.as_slice();
     let first = *paths.first()?;
     let m = tokens_of(shape);
-    let n = width_of(shape);
-    let rows = fill_matrix(ty, n, buf);
-    if rows == 0 {
+    let timed = time_paths(pool, ty, shape, paths, (rounds, Keep::Best), buf);
+    if timed.is_empty() {
         return None;
     }
-    let w: &[u8] = &buf[..rows * (n / ty.block_size() * ty.type_size())];
-    let acts = activations(ty, n, m);
-    let mut out = vec![0f32; rows * m];
-    let mut best = vec![f64::INFINITY; paths.len()];
-    // One untimed pass first: page faults and cold caches belong to no candidate.
-    time_once(pool, (ty, n), first, w, rows, &acts, m, &mut out);
-    for _ in 0..rounds.max(1) {
-        for (i, &p) in paths.iter().enumerate() {
-            let s = time_once(pool, (ty, n), p, w, rows, &acts, m, &mut out);
-            best[i] = best[i].min(s);
-        }
-    }
-    let weights = (rows * n) as f64;
-    let timed: Vec<Timed> = paths
-        .iter()
-        .zip(&best)
-        .map(|(&path, &s)| Timed {
-            path,
-            bytes_per_s: (w.len() * m) as f64 / s,
-            ops_per_s: 2.0 * weights * m as f64 / s,
-        })
-        .collect();
     // The first candidate (the fixed guess) stays unless another beats it by more than
     // the timing noise: on a shared machine a tie is decided by chance otherwise.
     let best = timed

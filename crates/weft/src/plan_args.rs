@@ -29,7 +29,7 @@ pub struct PlanArgs {
     /// With --check: tokens decoded per measurement, and measurements per layout.
     #[arg(short = 'n', long, default_value_t = 32)]
     pub decode: usize,
-    #[arg(short = 'r', long, default_value_t = 3)]
+    #[arg(short = 'r', long, default_value_t = 5)]
     pub reps: usize,
     /// Context per sequence the KV caches must hold.
     #[arg(long, default_value_t = 4096)]
