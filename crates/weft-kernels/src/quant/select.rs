@@ -68,7 +68,10 @@ pub enum Fused {
     AvxVnni,
     /// K formats: the same as AVX-512 VNNI on 256-bit registers (EVEX, needs AVX512VL).
     Avx512Vnni256,
-    /// 32-value formats, two tokens or more: the 512-bit `vpdpbusd` tile.
+    /// 32-value formats, two tokens or more: the 512-bit `vpdpbusd` tile. It sums in
+    /// another order than the AVX2 tile, so it is never one of several candidates (ranks
+    /// timing alike could choose unalike and part at near-ties): it is the only path,
+    /// for every process, where `WEFT_KERNELS_VNNI512=1` asks for it.
     Avx512Vnni512,
 }
 
@@ -153,7 +156,8 @@ struct Features {
 fn features() -> Features {
     static F: std::sync::OnceLock<Features> = std::sync::OnceLock::new();
     *F.get_or_init(|| {
-        let off = std::env::var_os("WEFT_KERNELS_NO_VNNI").is_some_and(|v| v != "0");
+        let set = |k: &str| std::env::var_os(k).is_some_and(|v| v != "0");
+        let off = set("WEFT_KERNELS_NO_VNNI");
         #[cfg(target_arch = "x86_64")]
         {
             let avx512 = is_x86_feature_detected!("avx512f")
@@ -162,7 +166,7 @@ fn features() -> Features {
             Features {
                 avx_vnni: !off && is_x86_feature_detected!("avxvnni"),
                 avx512_vnni_256: !off && avx512 && is_x86_feature_detected!("avx512vl"),
-                avx512_vnni_512: !off && avx512,
+                avx512_vnni_512: !off && avx512 && set("WEFT_KERNELS_VNNI512"),
             }
         }
         #[cfg(not(target_arch = "x86_64"))]
@@ -218,7 +222,9 @@ impl Paths {
 }
 
 /// The paths this CPU can run for `ty` at `shape` (empty where only the scalar path
-/// exists), the fixed guess first.
+/// exists), the fixed guess first. They all give the same results to the bit (prefetches
+/// and the fused forms of exact integer sums), so whichever a process picks, every rank of
+/// a cluster computes alike.
 pub fn candidates(ty: GgmlType, shape: Shape) -> Paths {
     let mut out = Paths {
         items: [Path {
@@ -240,13 +246,21 @@ pub fn candidates(ty: GgmlType, shape: Shape) -> Paths {
             fused.push(p);
         }
     };
-    if is_legacy(ty) && !shape.is_decode() {
+    let vnni512 = is_legacy(ty)
+        && !shape.is_decode()
+        && runnable(Path {
+            fused: Fused::Avx512Vnni512,
+            prefetch: false,
+        });
+    if vnni512 {
         add(Fused::Avx512Vnni512);
     }
     if is_k(ty) {
         add(Fused::AvxVnni);
     }
-    add(Fused::Avx2);
+    if !vnni512 {
+        add(Fused::Avx2);
+    }
     if is_k(ty) {
         add(Fused::Avx512Vnni256);
     }

@@ -497,60 +497,101 @@ fn simd_handles_extreme_q8_0_weights() {
 
 #[cfg(target_arch = "x86_64")]
 #[test]
-fn q8_0_avx2_and_vnni_matmuls_match_scalar() {
-    // matmul() takes the VNNI tile where the CPU has it; this runs the AVX2 tile too, so
-    // both are checked on such a machine. Sizes cross the VNNI driver's 128-block column
-    // chunk with an odd block count (a half-filled last pair), and token counts its
-    // 8-token tiles; weights include -128, which neither tile may mishandle.
+fn vnni512_and_avx2_matmuls_match_scalar() {
+    // The 512-bit tile is opt-in (WEFT_KERNELS_VNNI512), so it is called directly here,
+    // beside the dispatch. Sizes cross its 128-block column chunk with an odd block count
+    // (a half-filled last pair), and token counts its 8-token tiles; Q8_0 weights include
+    // -128, which neither tile may mishandle.
     if !simd() {
         return;
     }
     let mut rng = Rng::new(11);
-    for n in [32usize, 96, 4096, 8224] {
-        let rows = 5;
-        let mut buf = weight_matrix(&mut rng, G::Q8_0, n, rows);
-        for (i, byte) in buf[1..].iter_mut().enumerate() {
-            if i % 34 >= 2 && i % 7 == 0 {
-                *byte = 0x80;
+    for ty in [G::Q8_0, G::Q5_0, G::Q4_0] {
+        for n in [32usize, 96, 4096, 8224] {
+            let rows = 5;
+            let mut buf = weight_matrix(&mut rng, ty, n, rows);
+            if ty == G::Q8_0 {
+                for (i, byte) in buf[1..].iter_mut().enumerate() {
+                    if i % 34 >= 2 && i % 7 == 0 {
+                        *byte = 0x80;
+                    }
+                }
+            }
+            let weights = &buf[1..];
+            let rb = row_bytes(ty, n);
+            let ab = act_bytes(ty, n);
+            for m in [2usize, 7, 8, 11] {
+                let mut acts = Vec::new();
+                for _ in 0..m {
+                    acts.extend(act_scalar(ty, &rng.values(n)));
+                }
+                let mut via_dispatch = vec![f32::NAN; m * rows];
+                let mut via_vnni = vec![f32::NAN; m * rows];
+                matmul(ty, n, weights, 0..rows, &acts, m, &mut via_dispatch, rows);
+                // SAFETY: sizes as matmul checked them just above.
+                let ran = unsafe {
+                    avx2::matmul_vnni512(ty, n, weights, 0..rows, &acts, m, &mut via_vnni, rows)
+                };
+                for t in 0..m {
+                    let act = &acts[t * ab..(t + 1) * ab];
+                    for r in 0..rows {
+                        let row = &weights[r * rb..(r + 1) * rb];
+                        let (_, mag) = reference_dot(ty, n, row, act);
+                        let s = scalar::vec_dot(ty, n, row, act) as f64;
+                        let what = format!("{ty} n={n} m={m} t={t} r={r}");
+                        close(
+                            via_dispatch[t * rows + r],
+                            s,
+                            mag,
+                            &format!("{what} dispatch"),
+                        );
+                        if ran {
+                            close(via_vnni[t * rows + r], s, mag, &format!("{what} vnni512"));
+                        }
+                    }
+                }
             }
         }
+    }
+}
+
+#[test]
+fn a_token_sums_alike_alone_and_in_a_batch() {
+    // Serving batches sequences into one step as they come; a sequence's numbers must
+    // not depend on how many others share its step or where it sits in the tile.
+    let mut rng = Rng::new(12);
+    // The float tiles sum two rows at once and are held to a tolerance (above) instead.
+    let quantized = ALL_WEIGHTS
+        .into_iter()
+        .filter(|w| !matches!(w, G::F32 | G::F16 | G::BF16));
+    for w in quantized {
+        let n = if w.block_size() == 256 { 512 } else { 640 };
+        let rows = 6;
+        let buf = weight_matrix(&mut rng, w, n, rows);
         let weights = &buf[1..];
-        let rb = row_bytes(G::Q8_0, n);
-        let ab = act_bytes(G::Q8_0, n);
-        for m in [2usize, 7, 8, 11] {
+        let ab = act_bytes(w, n);
+        for m in [2usize, 3, 5, 8, 13] {
             let mut acts = Vec::new();
             for _ in 0..m {
-                acts.extend(act_scalar(G::Q8_0, &rng.values(n)));
+                acts.extend(act_scalar(w, &rng.values(n)));
             }
-            let mut via_dispatch = vec![f32::NAN; m * rows];
-            let mut via_avx2 = vec![f32::NAN; m * rows];
-            matmul(
-                G::Q8_0,
-                n,
-                weights,
-                0..rows,
-                &acts,
-                m,
-                &mut via_dispatch,
-                rows,
-            );
-            // SAFETY: AVX2 was detected; sizes as matmul checked them just above.
-            unsafe { avx2::matmul_q8_0_avx2(n, weights, 0..rows, &acts, m, &mut via_avx2, rows) };
+            let mut batch = vec![0f32; m * rows];
+            matmul(w, n, weights, 0..rows, &acts, m, &mut batch, rows);
             for t in 0..m {
-                let act = &acts[t * ab..(t + 1) * ab];
-                for r in 0..rows {
-                    let row = &weights[r * rb..(r + 1) * rb];
-                    let (_, mag) = reference_dot(G::Q8_0, n, row, act);
-                    let s = scalar::vec_dot(G::Q8_0, n, row, act) as f64;
-                    let what = format!("Q8_0 n={n} m={m} t={t} r={r}");
-                    close(
-                        via_dispatch[t * rows + r],
-                        s,
-                        mag,
-                        &format!("{what} dispatch"),
-                    );
-                    close(via_avx2[t * rows + r], s, mag, &format!("{what} avx2"));
-                }
+                let mut alone = vec![0f32; rows];
+                matvec(
+                    w,
+                    n,
+                    weights,
+                    0..rows,
+                    &acts[t * ab..(t + 1) * ab],
+                    &mut alone,
+                );
+                assert_eq!(
+                    &batch[t * rows..(t + 1) * rows],
+                    &alone[..],
+                    "{w} m={m} t={t}"
+                );
             }
         }
     }

@@ -12,8 +12,10 @@ use serde_json::Value;
 /// changes: its activations have large outliers, so another order flips a few 8-bit
 /// activation roundings per layer. Measured, the first greedy token's logprob for "The
 /// capital of France is" moves by up to 0.12 between one node, TP=4, and the AVX2 and VNNI
-/// kernels; a part in a greedy path within this of the best is a near-tie, not a bug.
-pub const GEMMA3_TOL: f64 = 0.25;
+/// kernels; later in a path the KV cache carries the drift on: 0.267 at the 12th token of
+/// a served request, one node against TP=2. A part in a greedy path within this of the
+/// best is a near-tie, not a bug (a wrong kernel or shard moves logprobs by whole nats).
+pub const GEMMA3_TOL: f64 = 0.3;
 
 /// The JSON a successful weft command printed on stdout.
 pub fn ok_json(out: &Output) -> Value {

@@ -254,39 +254,36 @@ impl<K: Legacy> Tile for K {
             out[0][t] = -corr[t];
         }
         // SAFETY (all blocks below): b < nb, and the caller vouches for nb blocks.
-        if T == 1 {
-            // Decode: two accumulators over alternate blocks so the FMA latency does not
-            // bound the stream.
-            let (mut acc0, mut acc1) = (_mm256_setzero_ps(), _mm256_setzero_ps());
-            let mut b = 0;
-            while b + 2 <= nb {
-                unsafe {
-                    acc0 =
-                        add_block::<K>(acc0, K::weights(row.add(b * K::WB)), acts[0], b, prod[0]);
-                    acc1 = add_block::<K>(
-                        acc1,
-                        K::weights(row.add((b + 1) * K::WB)),
-                        acts[0],
-                        b + 1,
-                        prod[0],
-                    );
-                }
-                b += 2;
-            }
-            if b < nb {
-                acc0 = unsafe {
-                    add_block::<K>(acc0, K::weights(row.add(b * K::WB)), acts[0], b, prod[0])
-                };
-            }
-            out[0][0] += hsum_ps(_mm256_add_ps(acc0, acc1));
-            return out;
-        }
+        // Two accumulators per token over alternate blocks, so the FMA latency does not
+        // bound a single token's stream; every token sums in this one order whatever the
+        // tile's width, so a sequence's result does not depend on how many others share
+        // its step (batched decode equals decode, bit for bit).
         let mut acc = [_mm256_setzero_ps(); T];
-        for b in 0..nb {
+        let mut acc1 = [_mm256_setzero_ps(); T];
+        let mut b = 0;
+        while b + 2 <= nb {
+            let (w0, w1) = unsafe {
+                (
+                    K::weights(row.add(b * K::WB)),
+                    K::weights(row.add((b + 1) * K::WB)),
+                )
+            };
+            for t in 0..T {
+                unsafe {
+                    acc[t] = add_block::<K>(acc[t], w0, acts[t], b, prod[t]);
+                    acc1[t] = add_block::<K>(acc1[t], w1, acts[t], b + 1, prod[t]);
+                }
+            }
+            b += 2;
+        }
+        if b < nb {
             let w = unsafe { K::weights(row.add(b * K::WB)) };
             for t in 0..T {
                 acc[t] = unsafe { add_block::<K>(acc[t], w, acts[t], b, prod[t]) };
             }
+        }
+        for t in 0..T {
+            acc[t] = _mm256_add_ps(acc[t], acc1[t]);
         }
         for t in 0..T {
             out[0][t] += hsum_ps(acc[t]);

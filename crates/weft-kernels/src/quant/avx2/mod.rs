@@ -37,12 +37,15 @@ pub(super) fn vnni_matmul() -> bool {
     })
 }
 
-/// The AVX2 Q8_0 matmul even where VNNI is present, for tests that compare the two.
+/// The AVX-512 VNNI matmul of a 32-value type whatever `WEFT_KERNELS_VNNI512` says, for
+/// the tests; false (nothing run) where the CPU lacks AVX-512 VNNI.
 ///
 /// # Safety
 /// As [`matmul`].
 #[cfg(test)]
-pub(super) unsafe fn matmul_q8_0_avx2(
+#[allow(clippy::too_many_arguments)]
+pub(super) unsafe fn matmul_vnni512(
+    w: GgmlType,
     n: usize,
     weights: &[u8],
     rows: Range<usize>,
@@ -50,9 +53,28 @@ pub(super) unsafe fn matmul_q8_0_avx2(
     m: usize,
     out: &mut [f32],
     out_stride: usize,
-) {
-    // SAFETY: forwarded from the caller.
-    unsafe { matmul_with::<legacy::Q8_0, 1, 4>(n / 32, weights, rows, acts, m, out, out_stride) }
+) -> bool {
+    let have = is_x86_feature_detected!("avx512f")
+        && is_x86_feature_detected!("avx512bw")
+        && is_x86_feature_detected!("avx512vnni");
+    let nb = n / 32;
+    // SAFETY: forwarded from the caller; the features were just detected.
+    unsafe {
+        match w {
+            _ if !have => return false,
+            GgmlType::Q8_0 => {
+                vnni::matmul::<legacy::Q8_0>(nb, weights, rows, acts, m, out, out_stride)
+            }
+            GgmlType::Q5_0 => {
+                vnni::matmul::<legacy::Q5_0>(nb, weights, rows, acts, m, out, out_stride)
+            }
+            GgmlType::Q4_0 => {
+                vnni::matmul::<legacy::Q4_0>(nb, weights, rows, acts, m, out, out_stride)
+            }
+            _ => return false,
+        }
+    }
+    true
 }
 
 /// Weight types with AVX2 kernels (Q8_K, an activation format, uses the scalar path).
