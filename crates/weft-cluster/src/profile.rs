@@ -250,16 +250,15 @@ pub fn kernel_rates(threads: usize, cache_dir: Option<&Path>, fresh: bool) -> Ve
 }
 
 /// Puts in force the kernel paths measured fastest on this CPU model (one thread: a
-/// path's speed is the core's), from the cache under `cache_dir` or timed now (about a
-/// second, then cached); `fresh` times them again. Returns the report and whether it
-/// was measured now.
-pub fn select_kernels(cache_dir: Option<&Path>, fresh: bool) -> (choose::Report, bool) {
+/// path's speed is the core's), from the cache under `cache_dir` or timed now (about two
+/// seconds, then cached); `fresh` times them again. Returns the report.
+pub fn select_kernels(cache_dir: Option<&Path>, fresh: bool) -> choose::Report {
     let file: Option<PathBuf> =
         cache_dir.map(|d| d.join(format!("kernel-paths-{}.json", cache_key(1))));
     if !fresh {
         if let Some(r) = read_cache::<choose::Report>(file.as_deref()) {
             choose::apply(&r);
-            return (r, false);
+            return r;
         }
     }
     let t = std::time::Instant::now();
@@ -269,7 +268,7 @@ pub fn select_kernels(cache_dir: Option<&Path>, fresh: bool) -> (choose::Report,
         t.elapsed().as_secs_f64()
     );
     write_cache(file.as_deref(), &report);
-    (report, true)
+    report
 }
 
 /// This node's profile: `home` is its weft home (models/ and the kernel cache); `fresh`

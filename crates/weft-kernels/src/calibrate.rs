@@ -9,8 +9,8 @@ use std::time::Instant;
 use serde::{Deserialize, Serialize};
 use weft_gguf::GgmlType;
 
-use crate::choose;
-use crate::quant::{self, select, select::Shape};
+use crate::choose::{self, SendOut};
+use crate::quant::{self, select::Shape};
 use crate::ThreadPool;
 
 /// One weight type's measured rates.
@@ -47,21 +47,6 @@ impl TypeRate {
 /// The types measured: every type weft computes with.
 pub const MEASURED: [GgmlType; 9] = GgmlType::WEIGHT_TYPES;
 
-/// Rows of `n` values of one block pattern, repeated to `bytes` (the values do not change
-/// the kernels' speed; repeating one quantized block keeps set-up fast).
-fn matrix(ty: GgmlType, n: usize, bytes: usize) -> (Vec<u8>, usize) {
-    let vals: Vec<f32> = (0..n)
-        .map(|i| ((i * 7919) % 255) as f32 / 127.0 - 1.0)
-        .collect();
-    let row = quant::quantize_row(ty, &vals);
-    let rows = (bytes / row.len()).max(1);
-    let mut m = Vec::with_capacity(rows * row.len());
-    for _ in 0..rows {
-        m.extend_from_slice(&row);
-    }
-    (m, rows)
-}
-
 /// Measures every type on `pool` on the paths in force: decode over `decode_bytes` of
 /// weights (pick several times the last-level cache), matrix by matrix as a forward pass
 /// reads them, at the common and the short row width; prefill on a cache-sized matrix.
@@ -74,21 +59,8 @@ pub fn measure(pool: &ThreadPool, decode_bytes: usize) -> Vec<TypeRate> {
         } else {
             &mut stream
         };
-        let paths: Vec<_> = select::chosen(ty, shape).into_iter().collect();
-        let timed = choose::time_paths(pool, ty, shape, &paths, (5, choose::Keep::Median), buf);
-        // Where only the scalar path exists (no SIMD here) time that one.
-        if let Some(t) = timed.first() {
-            return t.bytes_per_s;
-        }
-        let n = 2048;
-        let row = quant::quantize_row(ty, &vec![0.5; n]);
-        let act = vec![0u8; quant::act_bytes(ty, n)];
-        let mut out = [0f32; 64];
-        let rows = 64;
-        let w = row.repeat(rows);
-        let t = Instant::now();
-        quant::matvec_on(None, ty, n, &w, 0..rows, &act, &mut out);
-        w.len() as f64 / t.elapsed().as_secs_f64().max(1e-9)
+        // None only for a buffer smaller than one row, which the sizes above rule out.
+        choose::time_chosen(pool, ty, shape, (5, choose::Keep::Median), buf).unwrap_or(0.0)
     };
     MEASURED
         .iter()
@@ -114,7 +86,8 @@ pub fn measure_decode_together(
     let built: Vec<(GgmlType, Vec<u8>, usize, Vec<u8>)> = MEASURED
         .iter()
         .map(|&ty| {
-            let (w, rows) = matrix(ty, N, decode_bytes);
+            let mut w = vec![0u8; decode_bytes];
+            let rows = choose::fill_matrix(ty, N, &mut w);
             let x: Vec<f32> = (0..N).map(|i| (i as f32 * 0.01).sin()).collect();
             let mut a = vec![0u8; quant::act_bytes(ty, N)];
             quant::quantize_act(ty, &x, &mut a);
@@ -144,18 +117,6 @@ pub fn measure_decode_together(
             }
         })
         .collect()
-}
-
-#[derive(Clone, Copy)]
-struct SendOut(*mut f32);
-// SAFETY: used only to hand pool tasks disjoint parts of one buffer.
-unsafe impl Send for SendOut {}
-unsafe impl Sync for SendOut {}
-impl SendOut {
-    fn at(self, i: usize) -> *mut f32 {
-        // SAFETY: callers stay inside the buffer.
-        unsafe { self.0.add(i) }
-    }
 }
 
 /// The rate for `ty` in `rates` (None if it was not measured).

@@ -96,7 +96,7 @@ pub fn tokens_of(shape: Shape) -> usize {
 /// Fills `buf` with whole copies of one quantized row of `ty` (the values do not change
 /// a kernel's speed) and returns the row count; the buffer is reused across types so its
 /// pages are faulted in once.
-fn fill_matrix(ty: GgmlType, n: usize, buf: &mut [u8]) -> usize {
+pub(crate) fn fill_matrix(ty: GgmlType, n: usize, buf: &mut [u8]) -> usize {
     let vals: Vec<f32> = (0..n)
         .map(|i| ((i * 7919) % 255) as f32 / 127.0 - 1.0)
         .collect();
@@ -120,14 +120,15 @@ fn activations(ty: GgmlType, n: usize, m: usize) -> Vec<u8> {
     a
 }
 
+/// An output buffer's pointer, handed to pool tasks that each write their own part.
 #[derive(Clone, Copy)]
-struct SendOut(*mut f32);
+pub(crate) struct SendOut(pub(crate) *mut f32);
 // SAFETY: used only to hand pool tasks disjoint parts of one buffer.
 unsafe impl Send for SendOut {}
 unsafe impl Sync for SendOut {}
 impl SendOut {
     /// The pointer `i` values on (a method, so closures capture the whole `Sync` value).
-    fn at(self, i: usize) -> *mut f32 {
+    pub(crate) fn at(self, i: usize) -> *mut f32 {
         self.0.wrapping_add(i)
     }
 }
@@ -140,13 +141,13 @@ pub const NOISE: f64 = 0.03;
 /// prefetcher starting over, handing the rows to the pool).
 const MATRIX_BYTES: usize = 1 << 20;
 
-/// Seconds of one pass of `path` over the whole buffer, matrix by matrix, with `m` tokens
-/// on `pool`.
+/// Seconds of one pass of `path` (None: the scalar one) over the whole buffer, matrix by
+/// matrix, with `m` tokens on `pool`.
 #[allow(clippy::too_many_arguments)]
 fn time_once(
     pool: &ThreadPool,
     (ty, n): (GgmlType, usize),
-    path: Path,
+    path: Option<Path>,
     w: &[u8],
     rows: usize,
     acts: &[u8],
@@ -165,10 +166,10 @@ fn time_once(
             // `m x r.len()` region of `out`, which holds rows x m values.
             let o = unsafe { std::slice::from_raw_parts_mut(p.at(r.start * m), r.len() * m) };
             if m == 1 {
-                quant::matvec_on(Some(path), ty, n, w, r, acts, o);
+                quant::matvec_on(path, ty, n, w, r, acts, o);
             } else {
                 let stride = r.len();
-                quant::matmul_on(Some(path), ty, n, w, r, acts, m, o, stride);
+                quant::matmul_on(path, ty, n, w, r, acts, m, o, stride);
             }
         });
         first = end;
@@ -186,16 +187,17 @@ pub enum Keep {
     Median,
 }
 
-/// Times `paths` for `ty` at `shape` side by side on `buf` (its size sets the matrix's:
-/// pick several times the last-level cache for the streaming shapes) for `rounds` rounds.
-pub fn time_paths(
+/// Times `paths` (None: the scalar path) for `ty` at `shape` side by side on `buf` (its
+/// size sets the matrix's: pick several times the last-level cache for the streaming
+/// shapes) for `rounds` rounds; (weight bytes x tokens, ops) per second of each.
+fn time_each(
     pool: &ThreadPool,
     ty: GgmlType,
     shape: Shape,
-    paths: &[Path],
+    paths: &[Option<Path>],
     (rounds, keep): (usize, Keep),
     buf: &mut [u8],
-) -> Vec<Timed> {
+) -> Vec<(f64, f64)> {
     let m = tokens_of(shape);
     let n = width_of(ty, shape);
     let rows = fill_matrix(ty, n, buf);
@@ -213,26 +215,32 @@ pub fn time_paths(
             times[i].push(time_once(pool, (ty, n), p, w, rows, &acts, m, &mut out));
         }
     }
-    let kept: Vec<f64> = times
+    let weights = (rows * n) as f64;
+    times
         .iter_mut()
         .map(|t| {
             t.sort_by(f64::total_cmp);
-            match keep {
+            let s = match keep {
                 Keep::Best => t[0],
                 Keep::Median => t[t.len() / 2],
-            }
-        })
-        .collect();
-    let weights = (rows * n) as f64;
-    paths
-        .iter()
-        .zip(&kept)
-        .map(|(&path, &s)| Timed {
-            path,
-            bytes_per_s: (w.len() * m) as f64 / s,
-            ops_per_s: 2.0 * weights * m as f64 / s,
+            };
+            ((w.len() * m) as f64 / s, 2.0 * weights * m as f64 / s)
         })
         .collect()
+}
+
+/// Weight bytes x tokens per second of the path in force for `ty` at `shape` (the scalar
+/// one where no SIMD path exists), timed on `buf` as the candidates are.
+pub fn time_chosen(
+    pool: &ThreadPool,
+    ty: GgmlType,
+    shape: Shape,
+    (rounds, keep): (usize, Keep),
+    buf: &mut [u8],
+) -> Option<f64> {
+    let path = [select::chosen(ty, shape)];
+    let timed = time_each(pool, ty, shape, &path, (rounds, keep), buf);
+    timed.first().map(|&(bytes_per_s, _)| bytes_per_s)
 }
 
 /// Times every candidate of `ty` at `shape` on `buf` and returns the choice (not applied).
@@ -247,7 +255,16 @@ pub fn time_candidates(
     let paths = paths.as_slice();
     let first = *paths.first()?;
     let m = tokens_of(shape);
-    let timed = time_paths(pool, ty, shape, paths, (rounds, Keep::Best), buf);
+    let some: Vec<Option<Path>> = paths.iter().map(|&p| Some(p)).collect();
+    let timed: Vec<Timed> = time_each(pool, ty, shape, &some, (rounds, Keep::Best), buf)
+        .into_iter()
+        .zip(paths)
+        .map(|((bytes_per_s, ops_per_s), &path)| Timed {
+            path,
+            bytes_per_s,
+            ops_per_s,
+        })
+        .collect();
     if timed.is_empty() {
         return None;
     }

@@ -9,7 +9,7 @@ use crate::paths::weft_home;
 
 pub fn run(json_out: bool) -> Result<()> {
     let cache = weft_home().join("calibration");
-    let (r, _) = weft_cluster::profile::select_kernels(Some(&cache), true);
+    let r = weft_cluster::profile::select_kernels(Some(&cache), true);
     let cpu = weft_cluster::profile::cpu_model();
     if json_out {
         outln!(

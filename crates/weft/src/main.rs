@@ -116,11 +116,14 @@ fn main() {
         )
         .init();
     // Commands that compute take the kernel paths measured fastest on this CPU (cached
-    // per CPU model; the first run on a machine times them, about a second).
-    if matches!(
-        cli.command,
-        Cmd::Run(_) | Cmd::Node(_) | Cmd::Serve(_) | Cmd::Perplexity(_) | Cmd::Bench(_)
-    ) {
+    // per CPU model; the first run on a machine times them, about two seconds).
+    // `bench --kernels` times them afresh itself.
+    let computes = match &cli.command {
+        Cmd::Bench(b) => !b.kernels,
+        Cmd::Run(_) | Cmd::Node(_) | Cmd::Serve(_) | Cmd::Perplexity(_) => true,
+        _ => false,
+    };
+    if computes {
         let cache = paths::weft_home().join("calibration");
         weft_cluster::profile::select_kernels(Some(&cache), false);
     }

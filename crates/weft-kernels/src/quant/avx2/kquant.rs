@@ -14,7 +14,7 @@
 
 use std::arch::x86_64::*;
 
-use super::tile::{f16_to_f32, hsum_grid, load128, load256, read_u16, Tile};
+use super::tile::{f16_to_f32, halves_to_f32, hsum_grid, load128, load256, read_u16, Tile};
 
 const Q8_K_AB: usize = 292;
 const Q8_K_QS: usize = 4;
@@ -125,17 +125,7 @@ unsafe fn scales_mins_k4(sc: *const u8) -> (__m256i, __m256i) {
 unsafe fn two_halves(p: *const u8) -> (__m256, __m256) {
     // SAFETY: 4 readable bytes.
     let bits = unsafe { p.cast::<u32>().read_unaligned() };
-    let x = _mm_cvtsi32_si128(bits as i32);
-    let y: __m128;
-    // SAFETY: register-only conversion (asm for the reason given at tile::f16_to_f32).
-    unsafe {
-        std::arch::asm!(
-            "vcvtph2ps {y}, {x}",
-            x = in(xmm_reg) x,
-            y = lateout(xmm_reg) y,
-            options(pure, nomem, nostack, preserves_flags)
-        );
-    }
+    let y = halves_to_f32(bits);
     (
         _mm256_broadcastss_ps(y),
         _mm256_broadcastss_ps(_mm_movehdup_ps(y)),

@@ -29,12 +29,17 @@ use tile::{load256, put, scales8, Tile, COLS, PREFETCH_BYTES};
 
 pub(super) use act::quantize_act;
 
-/// Whether the CPU offers the AVX-512 VNNI tile for matmuls (Q8_0, Q5_0, Q4_0).
+/// Whether some AVX-512 VNNI path is offered (the K-quant `vpdpwssd` form, or the
+/// 512-bit tile where `WEFT_KERNELS_VNNI512` asks for it).
 pub(super) fn vnni_matmul() -> bool {
-    select::runnable(Path {
-        fused: Fused::Avx512Vnni512,
-        prefetch: false,
-    })
+    [Fused::Avx512Vnni256, Fused::Avx512Vnni512]
+        .into_iter()
+        .any(|fused| {
+            select::runnable(Path {
+                fused,
+                prefetch: false,
+            })
+        })
 }
 
 /// The AVX-512 VNNI matmul of a 32-value type whatever `WEFT_KERNELS_VNNI512` says, for

@@ -1,0 +1,222 @@
+//! Single-thread benchmark of the quant kernels on the shapes of Gemma 3 270M Q4_K_M:
+//! matvec (decode) in GB/s of weight bytes and ns/row, matmul with 64 tokens (prefill) in
+//! GFLOP/s-equivalent (2 * n * rows * m / time). Run with
+//! `cargo run -p weft-kernels --release --example kbench [-- --quick]`.
+//!
+//! "hot" repeats one matrix (cache resident when small); "cold" cycles through copies
+//! totalling more than L3, as decode does walking all layers; "dram" is the 178 MB head,
+//! once in ordinary 4 KiB pages and once in 2 MiB pages (madvise(MADV_HUGEPAGE)).
+
+use std::hint::black_box;
+use std::time::Instant;
+use weft_gguf::GgmlType;
+use weft_kernels::quant;
+
+/// Deterministic pseudo-random values (xorshift64*), roughly normal.
+struct Rng(u64);
+
+impl Rng {
+    fn uniform(&mut self) -> f32 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        (self.0.wrapping_mul(0x2545_F491_4F6C_DD1D) >> 40) as f32 / (1u64 << 23) as f32 - 1.0
+    }
+    fn values(&mut self, n: usize) -> Vec<f32> {
+        (0..n)
+            .map(|_| self.uniform() + self.uniform() + self.uniform())
+            .collect()
+    }
+}
+
+/// A rows x n weight matrix: `distinct` really quantized rows, repeated to fill it (the
+/// kernels' speed does not depend on the values; quantizing 168M values would).
+fn matrix(rng: &mut Rng, ty: GgmlType, n: usize, rows: usize, distinct: usize) -> Vec<u8> {
+    let rb = n / ty.block_size() * ty.type_size();
+    let seed: Vec<u8> = (0..distinct.min(rows))
+        .flat_map(|_| quant::quantize_row(ty, &rng.values(n)))
+        .collect();
+    let mut out = Vec::with_capacity(rows * rb);
+    while out.len() < rows * rb {
+        let take = (rows * rb - out.len()).min(seed.len());
+        out.extend_from_slice(&seed[..take]);
+    }
+    out
+}
+
+/// Median seconds of `reps` runs of `f`.
+fn median_secs(reps: usize, mut f: impl FnMut()) -> f64 {
+    f(); // warm up (page faults, caches)
+    let mut t: Vec<f64> = (0..reps)
+        .map(|_| {
+            let s = Instant::now();
+            f();
+            s.elapsed().as_secs_f64()
+        })
+        .collect();
+    t.sort_by(|a, b| a.total_cmp(b));
+    t[t.len() / 2]
+}
+
+/// Plain read bandwidth of one thread over `bytes`, for scale.
+fn read_bandwidth(bytes: usize) -> f64 {
+    let buf: Vec<u64> = (0..bytes / 8).map(|i| i as u64).collect();
+    let secs = median_secs(5, || {
+        let s = buf.chunks_exact(8).fold([0u64; 8], |mut acc, c| {
+            for (a, v) in acc.iter_mut().zip(c) {
+                *a = a.wrapping_add(*v);
+            }
+            acc
+        });
+        black_box(s);
+    });
+    bytes as f64 / secs / 1e9
+}
+
+/// An anonymous mapping asking for 2 MiB pages (falls back to 4 KiB if refused).
+struct HugeBuf {
+    ptr: *mut u8,
+    len: usize,
+}
+
+impl HugeBuf {
+    fn copy_of(data: &[u8]) -> HugeBuf {
+        let len = data.len().div_ceil(2 << 20) * (2 << 20);
+        // SAFETY: a fresh private anonymous mapping; checked for failure; madvise only
+        // gives a hint about it.
+        let ptr = unsafe {
+            let p = libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            );
+            assert!(p != libc::MAP_FAILED, "mmap failed");
+            if libc::madvise(p, len, libc::MADV_HUGEPAGE) != 0 {
+                eprintln!("madvise(MADV_HUGEPAGE) refused; 4 KiB pages");
+            }
+            p.cast::<u8>()
+        };
+        // SAFETY: the mapping is len >= data.len() writable bytes, not aliased.
+        unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), ptr, data.len()) };
+        HugeBuf { ptr, len }
+    }
+
+    fn bytes(&self) -> &[u8] {
+        // SAFETY: the mapping is live for as long as self and fully initialised.
+        unsafe { std::slice::from_raw_parts(self.ptr, self.len) }
+    }
+}
+
+impl Drop for HugeBuf {
+    fn drop(&mut self) {
+        // SAFETY: unmapping exactly what copy_of mapped.
+        unsafe { libc::munmap(self.ptr.cast(), self.len) };
+    }
+}
+
+fn bench_matvec(rng: &mut Rng, ty: GgmlType, n: usize, rows: usize, reps: usize) {
+    let rb = n / ty.block_size() * ty.type_size();
+    let first = matrix(rng, ty, n, rows, 512);
+    let mut act = vec![0u8; quant::act_bytes(ty, n)];
+    quant::quantize_act(ty, &rng.values(n), &mut act);
+    let mut out = vec![0.0f32; rows];
+    let report = |what: &str, secs: f64| {
+        println!(
+            "matvec {:<5} n={:<5} rows={:<7} {what:<5} {:8.1} us  {:6.2} GB/s  {:7.2} ns/row",
+            ty.name(),
+            n,
+            rows,
+            secs * 1e6,
+            (rows * rb) as f64 / secs / 1e9,
+            secs * 1e9 / rows as f64
+        );
+    };
+    let mut run = |w: &[u8]| {
+        quant::matvec(ty, n, w, 0..rows, &act, &mut out);
+        black_box(&out);
+    };
+    if rows * rb > 64 << 20 {
+        report("dram", median_secs(reps, || run(&first)));
+        let huge = HugeBuf::copy_of(&first);
+        let got = std::fs::read_to_string("/proc/self/smaps_rollup")
+            .ok()
+            .and_then(|s| {
+                s.lines()
+                    .find(|l| l.starts_with("AnonHugePages:"))
+                    .map(|l| l.split_whitespace().nth(1).unwrap_or("?").to_string())
+            })
+            .unwrap_or_else(|| "?".into());
+        println!("  (2 MiB pages in use: {got} kB of {} kB)", huge.len / 1024);
+        report("huge", median_secs(reps, || run(huge.bytes())));
+        return;
+    }
+    report("hot", median_secs(reps, || run(&first)));
+    let copies = ((96 << 20) / (rows * rb)).max(2);
+    let mats: Vec<Vec<u8>> = (0..copies).map(|_| first.clone()).collect();
+    let mut i = 0;
+    let cold = median_secs(reps.max(copies), || {
+        i = (i + 1) % copies;
+        run(&mats[i]);
+    });
+    report("cold", cold);
+}
+
+fn bench_matmul(rng: &mut Rng, ty: GgmlType, n: usize, rows: usize, m: usize, reps: usize) {
+    let w = matrix(rng, ty, n, rows, rows);
+    let ab = quant::act_bytes(ty, n);
+    let mut acts = vec![0u8; m * ab];
+    for t in 0..m {
+        quant::quantize_act(ty, &rng.values(n), &mut acts[t * ab..(t + 1) * ab]);
+    }
+    let mut out = vec![0.0f32; m * rows];
+    let secs = median_secs(reps, || {
+        quant::matmul(ty, n, &w, 0..rows, &acts, m, &mut out, rows);
+        black_box(&out);
+    });
+    let flops = 2.0 * (n * rows * m) as f64;
+    println!(
+        "matmul {:<5} n={:<5} rows={:<7} m={m:<3}  {:8.1} us  {:6.1} GFLOP/s  ({:.2} ns per row x token)",
+        ty.name(),
+        n,
+        rows,
+        secs * 1e6,
+        flops / secs / 1e9,
+        secs * 1e9 / (rows * m) as f64
+    );
+}
+
+fn main() {
+    let quick = std::env::args().any(|a| a == "--quick");
+    let reps = if quick { 5 } else { 21 };
+    let mut rng = Rng(0x1234_5678_9ABC_DEF1);
+    println!("kernels: {}   single thread", quant::simd_name());
+    println!(
+        "plain read bandwidth (256 MiB): {:.2} GB/s",
+        read_bandwidth(256 << 20)
+    );
+    use GgmlType::*;
+    let shapes = [
+        (Q5_0, 640, 2048),
+        (Q4_K, 2048, 640),
+        (Q6_K, 2048, 640),
+        (Q4_K, 1024, 640),
+    ];
+    bench_matvec(&mut rng, Q8_0, 640, 262_144, if quick { 3 } else { 11 });
+    for (ty, n, rows) in shapes {
+        bench_matvec(&mut rng, ty, n, rows, reps * 5);
+    }
+    for (ty, n, rows) in shapes {
+        bench_matmul(&mut rng, ty, n, rows, 64, reps);
+    }
+    // The rest of the formats, for completeness (same n x rows as the FFN down shape).
+    if !quick {
+        for ty in [Q8_0, Q4_0, Q5_K, F16, BF16, F32] {
+            let n = 2048;
+            bench_matvec(&mut rng, ty, n, 640, reps * 5);
+            bench_matmul(&mut rng, ty, n, 640, 64, reps);
+        }
+    }
+}
