@@ -142,6 +142,38 @@ fn mixed_rate(rates: &[TypeRate], mix: &[TypeBytes], which: Rate) -> f64 {
     }
 }
 
+/// A node's decode rate over a model's type mix, bytes/s.
+pub fn decode_rate_over(rates: &[TypeRate], mix: &[TypeBytes]) -> f64 {
+    mixed_rate(rates, mix, Rate::Decode)
+}
+
+/// A node's prefill rate over a model's type mix, weight bytes x tokens/s.
+pub fn prefill_rate_over(rates: &[TypeRate], mix: &[TypeBytes]) -> f64 {
+    mixed_rate(rates, mix, Rate::Prefill)
+}
+
+/// A node's decode rate over the mix while the others compute too (`loaded`, timed at
+/// once on every node; empty: not measured, 0). Sharing memory only slows a node: a
+/// loaded figure above the solo one is a window that ran partly alone.
+pub fn loaded_rate_over(rates: &[TypeRate], loaded: &[TypeRate], mix: &[TypeBytes]) -> f64 {
+    if loaded.is_empty() {
+        return 0.0;
+    }
+    // The loaded round times common rows only (and no short ones): the solo rate over
+    // the mix, slowed as much as sharing slowed those.
+    let solo = mixed_rate(rates, mix, Rate::Decode);
+    let solo_common: Vec<TypeRate> = rates
+        .iter()
+        .map(|r| TypeRate {
+            decode_short_bytes_per_s: 0.0,
+            ..r.clone()
+        })
+        .collect();
+    let shared = mixed_rate(loaded, mix, Rate::Decode);
+    let alone = mixed_rate(&solo_common, mix, Rate::Decode);
+    (solo * shared / alone.max(1.0)).min(solo)
+}
+
 /// The planner's cluster from a survey: memory each node offers, its kernel speed over
 /// the model's type mix, the measured links (round trips in µs, bandwidth in bytes/s).
 pub fn cluster_profile(s: &Survey, mix: &[TypeBytes]) -> ClusterProfile {
@@ -153,28 +185,9 @@ pub fn cluster_profile(s: &Survey, mix: &[TypeBytes]) -> ClusterProfile {
         .map(|(info, addr)| NodeProfile {
             name: format!("{} ({addr})", info.name),
             memory_bytes: info.offered_memory(),
-            decode_bytes_per_s: mixed_rate(&info.rates, mix, Rate::Decode),
-            prefill_bytes_per_s: mixed_rate(&info.rates, mix, Rate::Prefill),
-            // Sharing memory only slows a node: a loaded figure above the solo one is a
-            // window that ran partly alone.
-            loaded_decode_bytes_per_s: if info.rates_loaded.is_empty() {
-                0.0
-            } else {
-                // The loaded round times common rows only (and no short ones): the
-                // solo rate over the mix, slowed as much as sharing slowed those.
-                let solo = mixed_rate(&info.rates, mix, Rate::Decode);
-                let solo_common: Vec<TypeRate> = info
-                    .rates
-                    .iter()
-                    .map(|r| TypeRate {
-                        decode_short_bytes_per_s: 0.0,
-                        ..r.clone()
-                    })
-                    .collect();
-                let loaded = mixed_rate(&info.rates_loaded, mix, Rate::Decode);
-                let alone = mixed_rate(&solo_common, mix, Rate::Decode);
-                (solo * loaded / alone.max(1.0)).min(solo)
-            },
+            decode_bytes_per_s: decode_rate_over(&info.rates, mix),
+            prefill_bytes_per_s: prefill_rate_over(&info.rates, mix),
+            loaded_decode_bytes_per_s: loaded_rate_over(&info.rates, &info.rates_loaded, mix),
         })
         .collect();
     let sub = |m: &Vec<Vec<f64>>, scale: f64| -> Vec<Vec<f64>> {
@@ -187,6 +200,7 @@ pub fn cluster_profile(s: &Survey, mix: &[TypeBytes]) -> ClusterProfile {
         rtt_us: sub(&s.links.rtt_us, 1.0),
         bytes_per_s: sub(&s.links.bandwidth_gb_s, 1e9),
         coordinator_rtt_us: (1..=n).map(|j| s.links.rtt_us[0][j]).collect(),
+        engine: weft_plan::EngineCosts::default(),
     }
 }
 

@@ -114,7 +114,8 @@ impl NodeInfo {
     }
 }
 
-fn meminfo(field: &str) -> Option<u64> {
+/// A /proc/meminfo field in bytes ("MemAvailable").
+pub fn meminfo(field: &str) -> Option<u64> {
     let s = std::fs::read_to_string("/proc/meminfo").ok()?;
     let rest = s
         .lines()

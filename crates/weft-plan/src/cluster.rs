@@ -4,6 +4,8 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::engine::EngineCosts;
+
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct NodeProfile {
     pub name: String,
@@ -52,6 +54,9 @@ pub struct ClusterProfile {
     pub rtt_us: Vec<Vec<f64>>,
     pub bytes_per_s: Vec<Vec<f64>>,
     pub coordinator_rtt_us: Vec<f64>,
+    /// What the engine's protocol adds to the links (weft's: nothing).
+    #[serde(default)]
+    pub engine: EngineCosts,
 }
 
 /// A link figure in a cluster file: one number for every pair, or a full matrix.
@@ -71,6 +76,8 @@ struct ClusterFile {
     bytes_per_s: PerPair,
     #[serde(default)]
     coordinator_rtt_us: Option<Vec<f64>>,
+    #[serde(default)]
+    engine: EngineCosts,
 }
 
 impl ClusterProfile {
@@ -97,6 +104,7 @@ impl ClusterProfile {
             rtt_us,
             bytes_per_s: matrix(f.bytes_per_s),
             coordinator_rtt_us,
+            engine: f.engine,
         };
         c.validate()?;
         Ok(c)
@@ -110,6 +118,7 @@ impl ClusterProfile {
             rtt_us: vec![vec![rtt_us; n]; n],
             bytes_per_s: vec![vec![bytes_per_s; n]; n],
             coordinator_rtt_us: vec![rtt_us; n],
+            engine: EngineCosts::default(),
         }
     }
 

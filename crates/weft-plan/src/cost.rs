@@ -6,6 +6,7 @@
 use serde::{Deserialize, Serialize};
 
 use crate::cluster::ClusterProfile;
+use crate::engine::Handoff;
 use crate::model::ModelProfile;
 
 /// What the cluster will be asked to do.
@@ -72,9 +73,12 @@ pub struct Prediction {
     pub prefill_tok_s: f64,
     /// Time to the first token of a `prompt`-token prompt.
     pub ttft_s: f64,
-    /// Of one decode step: seconds computing (slowest rank of each stage, summed) and
-    /// seconds in syncs and hand-offs.
+    /// Of one decode step, along its critical path: seconds computing (each stage's mean
+    /// rank), waiting for a stage's slowest rank beyond the mean (uneven shares, the
+    /// busiest expert group), and in syncs and hand-offs. They sum to 1 / decode_tok_s.
     pub compute_s: f64,
+    #[serde(default)]
+    pub bubble_s: f64,
     pub network_s: f64,
 }
 
@@ -91,14 +95,31 @@ fn expert_imbalance(k: usize, ep: usize) -> f64 {
     ((mean + 0.68 * (2.0 * e.ln()).sqrt() * sd) / mean).min(e)
 }
 
-/// One step of `tokens` rows: (compute seconds, network seconds).
+/// Seconds of one step of `tokens` rows, along its critical path.
+#[derive(Clone, Copy, Debug, Default)]
+struct StepTime {
+    /// Each stage's mean rank computing.
+    compute: f64,
+    /// Each stage's slowest rank beyond the mean: what the others wait for.
+    bubble: f64,
+    /// Syncs and hand-offs.
+    network: f64,
+}
+
+impl StepTime {
+    fn total(&self) -> f64 {
+        self.compute + self.bubble + self.network
+    }
+}
+
+/// One step of `tokens` rows.
 fn step(
     m: &ModelProfile,
     c: &ClusterProfile,
     l: &LayoutSpec,
     tokens: usize,
     decode: bool,
-) -> (f64, f64) {
+) -> StepTime {
     let w = l.width();
     let (ne, k) = m.experts.unwrap_or((1, 1));
     // Distinct experts a step touches (uniform routing): all of them soon in prefill.
@@ -108,7 +129,8 @@ fn step(
     } else {
         1.0
     };
-    let (mut compute, mut network) = (0.0, 0.0);
+    let proto = &c.engine;
+    let mut t = StepTime::default();
     let mut first = 0;
     let stages = l.layers.len();
     for (s, &count) in l.layers.iter().enumerate() {
@@ -123,73 +145,88 @@ fn step(
             (true, false) => (m.head_bytes as f64, 1.0),
         };
         let experts: f64 = range.map(|i| m.layers[i].expert_bytes as f64).sum();
-        let slowest = members
-            .iter()
-            .enumerate()
-            .map(|(p, &n)| {
-                let node = &c.nodes[n];
-                let h = head * l.dense_share(p);
-                let d = dense * l.dense_share(p);
-                let e = experts * l.expert_share(p);
-                if decode && tokens == 1 {
-                    return (d + h + e * touched * imbalance) / node.decode_rate(w);
-                }
-                // Weights stream once per step; compute grows with the rows.
-                let read = (d + h + e * touched) / node.decode_rate(w);
-                let work = (tokens as f64 * (d + e * k as f64 / ne as f64) + head_rows * h)
-                    / node.prefill_bytes_per_s;
-                read.max(work)
-            })
-            .fold(0.0, f64::max);
-        compute += slowest;
+        let floor = count as f64 * proto.layer_overhead_us * 1e-6;
+        // `busiest`: the rank's expert group is the step's busiest (EP decode).
+        let rank_time = |p: usize, n: usize, busiest: bool| {
+            let node = &c.nodes[n];
+            let h = head * l.dense_share(p);
+            let d = dense * l.dense_share(p);
+            let e = experts * l.expert_share(p);
+            if decode && tokens == 1 {
+                let load = if busiest { imbalance } else { 1.0 };
+                return floor + (d + h + e * touched * load) / node.decode_rate(w);
+            }
+            // Weights stream once per step; compute grows with the rows.
+            let read = (d + h + e * touched) / node.decode_rate(w);
+            let work = (tokens as f64 * (d + e * k as f64 / ne as f64) + head_rows * h)
+                / node.prefill_bytes_per_s;
+            floor + read.max(work)
+        };
+        let (mut slowest, mut sum) = (0f64, 0f64);
+        // The mean rank carries the mean expert load; the stage waits for its slowest
+        // rank with the busiest group's load.
+        for (p, &n) in members.iter().enumerate() {
+            slowest = slowest.max(rank_time(p, n, true));
+            sum += rank_time(p, n, false);
+        }
+        let mean = sum / w as f64;
+        t.compute += mean;
+        t.bubble += (slowest - mean).max(0.0);
+        let hidden = tokens as f64 * m.n_embd as f64 * proto.wire_bytes;
         if w > 1 {
-            let bytes = tokens as f64 * m.hidden_bytes();
+            let bytes = hidden;
             let mut worst = 0f64;
             for &a in members {
                 for &b in members {
                     if a != b {
-                        let t = c.rtt_us[a][b] * 0.5e-6
-                            + (w - 1) as f64 * bytes / c.bytes_per_s[a][b].max(1.0);
-                        worst = worst.max(t);
+                        let one = proto.allreduce_s(w, bytes, c.rtt_us[a][b], c.bytes_per_s[a][b]);
+                        worst = worst.max(one);
                     }
                 }
             }
-            network += 2.0 * count as f64 * worst;
+            t.network += 2.0 * count as f64 * worst;
         }
-        if s + 1 < stages {
-            let next = &l.order[(s + 1) * w..(s + 2) * w];
-            let (a, b) = (members[0], next[0]);
-            network += c.rtt_us[a][b] * 0.5e-6
-                + tokens as f64 * m.hidden_bytes() / c.bytes_per_s[a][b].max(1.0);
+        if s > 0 {
+            // Into this stage: from the previous one, or from the host that drives it.
+            let from = match proto.handoff {
+                Handoff::Chain => l.order[(s - 1) * w],
+                Handoff::Star { .. } => l.order[0],
+            };
+            let to = members[0];
+            let bytes = hidden;
+            t.network += proto.handoff_s(bytes, c.rtt_us[from][to], c.bytes_per_s[from][to], count);
         }
     }
     // The token in, the top logits out.
     let (head, tail) = (l.order[0], l.order[l.order.len() - 1]);
-    network += (c.coordinator_rtt_us[head] + c.coordinator_rtt_us[tail]) * 0.5e-6;
-    (compute, network)
+    let tail = match proto.handoff {
+        // The host fetched the last stage's output itself.
+        Handoff::Star { .. } => head,
+        Handoff::Chain => tail,
+    };
+    t.network += (c.coordinator_rtt_us[head] + c.coordinator_rtt_us[tail]) * 0.5e-6;
+    t
 }
 
 /// Predicted speeds of layout `l`.
 pub fn predict(m: &ModelProfile, c: &ClusterProfile, l: &LayoutSpec, w: &Workload) -> Prediction {
-    let (compute, network) = step(m, c, l, 1, true);
-    let one = compute + network;
+    let one = step(m, c, l, 1, true);
     let b = w.parallel.max(1);
     let batch = if b == 1 {
-        one
+        one.total()
     } else {
-        let (c2, n2) = step(m, c, l, b, true);
-        c2 + n2
+        step(m, c, l, b, true).total()
     };
     let u = w.ubatch.max(1).min(w.prompt.max(1));
-    let (pc, pn) = step(m, c, l, u, false);
-    let prefill_tok_s = u as f64 / (pc + pn);
+    let prefill_tok_s = u as f64 / step(m, c, l, u, false).total();
     Prediction {
-        decode_tok_s: 1.0 / one,
+        decode_tok_s: 1.0 / one.total(),
         batch_tok_s: b as f64 / batch,
         prefill_tok_s,
-        ttft_s: w.prompt as f64 / prefill_tok_s + one,
-        compute_s: compute,
-        network_s: network,
+        ttft_s: w.prompt as f64 / prefill_tok_s + one.total(),
+        compute_s: one.compute,
+        bubble_s: one.bubble,
+        network_s: one.network,
     }
 }
 

@@ -5,10 +5,12 @@
 
 pub mod cluster;
 pub mod cost;
+pub mod engine;
 pub mod model;
 pub mod search;
 
 pub use cluster::{ClusterProfile, NodeProfile};
 pub use cost::{Prediction, Workload};
+pub use engine::{AllReduce, EngineCosts, Handoff};
 pub use model::{LayerProfile, ModelProfile};
-pub use search::{plan, Candidate};
+pub use search::{even_layout, plan, Candidate};

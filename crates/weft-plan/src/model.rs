@@ -59,9 +59,4 @@ impl ModelProfile {
             + self.embed_bytes
             + self.head_bytes
     }
-
-    /// Bytes of one hidden-state row on the wire (f32).
-    pub fn hidden_bytes(&self) -> f64 {
-        self.n_embd as f64 * 4.0
-    }
 }

@@ -82,6 +82,38 @@ pub fn plan(m: &ModelProfile, c: &ClusterProfile, w: &Workload) -> Result<Vec<Ca
     Ok(out)
 }
 
+/// One layout with even shares over `order`'s nodes (TP x EP ranks a stage, `pp` stages),
+/// its layers balanced by predicted stage time within memory; None when the nodes do not
+/// divide into it, or the model has too few layers, heads or experts for it.
+pub fn even_layout(
+    m: &ModelProfile,
+    c: &ClusterProfile,
+    w: &Workload,
+    order: &[usize],
+    (tp, ep, pp): (usize, usize, usize),
+) -> Option<Candidate> {
+    let width = tp * ep;
+    let allowed = width > 0
+        && pp > 0
+        && width * pp == order.len()
+        && pp <= m.layers.len()
+        && width <= m.n_head
+        && (ep == 1 || m.experts.is_some_and(|(ne, _)| ep <= ne));
+    if !allowed {
+        return None;
+    }
+    let mut spec = LayoutSpec {
+        tp,
+        ep,
+        order: order.to_vec(),
+        layers: vec![0; pp],
+        tp_weights: vec![1.0; tp],
+        ep_weights: vec![1.0; ep],
+    };
+    balance_layers(m, c, w, &mut spec);
+    Some(evaluate(m, c, w, spec, c.nodes.len()))
+}
+
 /// Predicts and checks one layout (of `spec.order`'s nodes out of `nodes`).
 pub fn evaluate(
     m: &ModelProfile,

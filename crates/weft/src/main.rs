@@ -1,4 +1,4 @@
-//! The weft command line: run, serve, node, cluster, secret, pull, perplexity, bench, inspect, synth, plan.
+//! The weft command line: run, serve, node, cluster, secret, pull, perplexity, bench, inspect, synth, plan, simulate.
 
 // First, so its `outln!` macro is in scope in the modules below.
 #[macro_use]
@@ -34,6 +34,9 @@ mod pull_hub;
 mod serve;
 mod serve_args;
 mod serve_cluster;
+mod simulate;
+mod simulate_args;
+mod simulate_this;
 mod synth;
 
 use std::path::PathBuf;
@@ -96,6 +99,9 @@ enum Cmd {
     },
     /// Rank the layouts of a model on a described cluster, with predicted speed and memory.
     Plan(plan_args::PlanArgs),
+    /// Predict speed, time to first token and memory per node on clusters of 1 to 1,024
+    /// machines, per layout and link, from the planner's cost model (no machines needed).
+    Simulate(simulate_args::SimulateArgs),
     /// Write a synthetic model (random weights) for tests, benches and llama.cpp checks.
     Synth(synth::SynthArgs),
 }
@@ -147,6 +153,7 @@ fn main() {
         } => inspect::run(model, tensors, check, all),
         Cmd::Synth(a) => synth::run(a),
         Cmd::Plan(a) => plan::run(a),
+        Cmd::Simulate(a) => simulate::run(a),
     };
     if let Err(e) = r {
         // A reader that closed our stdout (`| head`) is a normal end, as in ripgrep.

@@ -1,0 +1,103 @@
+//! `weft simulate --hardware this`: this machine as a simulator profile, from weft's own
+//! measurements: its kernels' rates over the model's weight types (cached per CPU), the
+//! rate while several node processes share it, its peak read bandwidth and integer-dot
+//! rate, and the memory it offers; and, with --measure, one node running the model here.
+
+use std::path::Path;
+
+use std::time::Instant;
+
+use anyhow::{bail, Context, Result};
+use weft_cluster::planning::{decode_rate_over, loaded_rate_over, prefill_rate_over, TypeBytes};
+use weft_cluster::profile::{cpu_model, kernel_rates, loaded_rates, meminfo, select_kernels};
+use weft_kernels::calibrate::TypeRate;
+use weft_kernels::{roofline, ThreadPool};
+use weft_sim::Hardware;
+
+use crate::progress::load_engine;
+
+/// How the simulated nodes stand on this machine.
+pub struct ThisMachine<'a> {
+    pub threads: usize,
+    /// Nodes sharing this machine at once (1: each node a machine like this one).
+    pub sharing: usize,
+    pub cache: &'a Path,
+    pub fresh: bool,
+}
+
+/// This machine's profile for a model of weight-type mix `mix` and mean `bits`.
+pub fn this_machine(m: &ThisMachine, mix: &[TypeBytes], bits: f64) -> Result<Hardware> {
+    select_kernels(Some(m.cache), false);
+    let rates = kernel_rates(m.threads, Some(m.cache), m.fresh);
+    let decode = decode_rate_over(&rates, mix);
+    let prefill = prefill_rate_over(&rates, mix);
+    if !(decode > 0.0 && prefill > 0.0) {
+        bail!("measuring this machine's kernels gave no rate");
+    }
+    let shared = if m.sharing > 1 {
+        // Every node times its kernels at once, as a survey's second round does.
+        let together: Vec<Vec<TypeRate>> = std::thread::scope(|s| {
+            let runs: Vec<_> = (0..m.sharing)
+                .map(|_| s.spawn(|| loaded_rates(m.threads, 1.0)))
+                .collect();
+            runs.into_iter().filter_map(|r| r.join().ok()).collect()
+        });
+        together
+            .iter()
+            .map(|loaded| loaded_rate_over(&rates, loaded, mix))
+            .sum::<f64>()
+            / together.len().max(1) as f64
+    } else {
+        0.0
+    };
+    let memory = meminfo("MemAvailable").unwrap_or(0) as f64 / m.sharing.max(1) as f64;
+    let pool = ThreadPool::new(m.threads);
+    let peak_bw = roofline::read_bandwidth(&pool, 256 << 20, 3);
+    let peak_ops = roofline::peak_int8_ops(&pool).unwrap_or(0.0);
+    let plural = if m.threads == 1 { "" } else { "s" };
+    Ok(Hardware::measured(
+        &format!("this ({}, {} thread{plural})", cpu_model(), m.threads),
+        memory,
+        (peak_bw, peak_ops),
+        (decode, prefill, shared),
+        bits,
+    ))
+}
+
+/// One node's decode and prefill tok/s of the model at `path` on `threads` threads here,
+/// the medians of `reps` runs (a `prompt`-token prefill, 32 decoded tokens), as `weft
+/// bench` measures them.
+pub fn measure_one_node(
+    path: &Path,
+    threads: usize,
+    prompt: usize,
+    reps: usize,
+) -> Result<(f64, f64)> {
+    const DECODE: usize = 32;
+    let (mut engine, _) = load_engine(path, threads, prompt + DECODE + 8)?;
+    let mut next = crate::bench_tokens::pseudo_random_tokens(engine.model.cfg.n_vocab as u64);
+    let tokens: Vec<u32> = (0..prompt.max(1)).map(|_| next()).collect();
+    let bos = engine.tokenizer.bos_id().unwrap_or(0);
+    engine
+        .prefill(&tokens[..tokens.len().min(8)])
+        .context("warm-up")?;
+    let (mut pp, mut tg) = (Vec::new(), Vec::new());
+    for _ in 0..reps.max(1) {
+        let t = Instant::now();
+        engine.prefill(&tokens).context("prefill")?;
+        pp.push(tokens.len() as f64 / t.elapsed().as_secs_f64());
+        engine.prefill(&[bos]).context("decode start")?;
+        let t = Instant::now();
+        let mut tok = bos;
+        for _ in 0..DECODE {
+            engine.decode(tok).context("decode")?;
+            tok = next();
+        }
+        tg.push(DECODE as f64 / t.elapsed().as_secs_f64());
+    }
+    let median = |v: &mut Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    };
+    Ok((median(&mut tg), median(&mut pp)))
+}
