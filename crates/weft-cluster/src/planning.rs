@@ -188,6 +188,7 @@ pub fn cluster_profile(s: &Survey, mix: &[TypeBytes]) -> ClusterProfile {
             decode_bytes_per_s: decode_rate_over(&info.rates, mix),
             prefill_bytes_per_s: prefill_rate_over(&info.rates, mix),
             loaded_decode_bytes_per_s: loaded_rate_over(&info.rates, &info.rates_loaded, mix),
+            loaded_prefill_bytes_per_s: 0.0,
         })
         .collect();
     let sub = |m: &Vec<Vec<f64>>, scale: f64| -> Vec<Vec<f64>> {

@@ -21,6 +21,11 @@ pub struct NodeProfile {
     /// once and get this; pipeline stages take turns and get the speed alone.
     #[serde(default)]
     pub loaded_decode_bytes_per_s: f64,
+    /// Prefill speed while the other nodes compute too (0: as alone); nodes sharing a
+    /// machine share its cores' execution units as well (two vCPUs may be one core's
+    /// hyperthreads).
+    #[serde(default)]
+    pub loaded_prefill_bytes_per_s: f64,
 }
 
 impl NodeProfile {
@@ -30,6 +35,15 @@ impl NodeProfile {
             self.loaded_decode_bytes_per_s
         } else {
             self.decode_bytes_per_s
+        }
+    }
+
+    /// Prefill speed when `together` nodes compute at the same time.
+    pub fn prefill_rate(&self, together: usize) -> f64 {
+        if together > 1 && self.loaded_prefill_bytes_per_s > 0.0 {
+            self.loaded_prefill_bytes_per_s
+        } else {
+            self.prefill_bytes_per_s
         }
     }
 }
@@ -230,6 +244,7 @@ mod tests {
             decode_bytes_per_s: 1.0,
             prefill_bytes_per_s: 1.0,
             loaded_decode_bytes_per_s: 0.0,
+            loaded_prefill_bytes_per_s: 0.0,
         };
         let mut c = ClusterProfile::uniform(
             vec![node("a"), node("b"), node("c"), node("d")],

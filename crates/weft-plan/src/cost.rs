@@ -159,7 +159,7 @@ fn step(
             // Weights stream once per step; compute grows with the rows.
             let read = (d + h + e * touched) / node.decode_rate(w);
             let work = (tokens as f64 * (d + e * k as f64 / ne as f64) + head_rows * h)
-                / node.prefill_bytes_per_s;
+                / node.prefill_rate(w);
             floor + read.max(work)
         };
         let (mut slowest, mut sum) = (0f64, 0f64);

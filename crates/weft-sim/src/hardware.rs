@@ -26,6 +26,10 @@ pub struct Hardware {
     /// machine (its memory bandwidth), bytes/s; 0: nodes are machines of their own.
     #[serde(default)]
     pub shared_decode_bytes_per_s: f64,
+    /// The share of its prefill rate a node keeps while every node of the cluster shares
+    /// this one machine and computes at once (0: not measured, as alone).
+    #[serde(default)]
+    pub shared_prefill_share: f64,
 }
 
 fn default_decode_efficiency() -> f64 {
@@ -78,6 +82,7 @@ pub fn named(name: &str) -> Result<Hardware, String> {
         decode_efficiency: default_decode_efficiency(),
         prefill_efficiency: default_prefill_efficiency(),
         shared_decode_bytes_per_s: 0.0,
+        shared_prefill_share: 0.0,
     })
 }
 
@@ -108,6 +113,7 @@ impl Hardware {
             decode_efficiency: decode / bandwidth,
             prefill_efficiency: prefill_ops / compute,
             shared_decode_bytes_per_s: shared,
+            shared_prefill_share: 0.0,
         }
     }
 
@@ -141,18 +147,19 @@ impl Hardware {
     /// bytes × 8 / bits of the model's mean bits.
     pub fn node(&self, bits: f64, index: usize) -> NodeProfile {
         let weights_per_byte = 8.0 / bits.max(0.1);
+        let prefill = self.compute_ops_per_s * self.prefill_efficiency / (2.0 * weights_per_byte);
         NodeProfile {
             name: format!("{}-{index}", self.name),
             memory_bytes: self.memory_bytes as u64,
             decode_bytes_per_s: self.bandwidth_bytes_per_s * self.decode_efficiency,
-            prefill_bytes_per_s: self.compute_ops_per_s * self.prefill_efficiency
-                / (2.0 * weights_per_byte),
+            prefill_bytes_per_s: prefill,
             loaded_decode_bytes_per_s: if self.shared_decode_bytes_per_s > 0.0 {
                 self.shared_decode_bytes_per_s
                     .min(self.bandwidth_bytes_per_s * self.decode_efficiency)
             } else {
                 0.0
             },
+            loaded_prefill_bytes_per_s: prefill * self.shared_prefill_share.clamp(0.0, 1.0),
         }
     }
 }

@@ -5,13 +5,15 @@
 
 use std::path::Path;
 
+use std::sync::Barrier;
 use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
 use weft_cluster::planning::{decode_rate_over, loaded_rate_over, prefill_rate_over, TypeBytes};
 use weft_cluster::profile::{cpu_model, kernel_rates, loaded_rates, meminfo, select_kernels};
 use weft_kernels::calibrate::TypeRate;
-use weft_kernels::{roofline, ThreadPool};
+use weft_kernels::quant::select::Shape;
+use weft_kernels::{choose, roofline, ThreadPool};
 use weft_sim::Hardware;
 
 use crate::progress::load_engine;
@@ -55,13 +57,60 @@ pub fn this_machine(m: &ThisMachine, mix: &[TypeBytes], bits: f64) -> Result<Har
     let peak_bw = roofline::read_bandwidth(&pool, 256 << 20, 3);
     let peak_ops = roofline::peak_int8_ops(&pool).unwrap_or(0.0);
     let plural = if m.threads == 1 { "" } else { "s" };
-    Ok(Hardware::measured(
+    let mut hw = Hardware::measured(
         &format!("this ({}, {} thread{plural})", cpu_model(), m.threads),
         memory,
         (peak_bw, peak_ops),
         (decode, prefill, shared),
         bits,
-    ))
+    );
+    if m.sharing > 1 {
+        hw.shared_prefill_share = prefill_share_together(m, mix);
+    }
+    Ok(hw)
+}
+
+/// The share of its prefill rate each of `m.sharing` nodes keeps while all of them run
+/// the model's main weight type's prefill kernel at once (timed alone, then together,
+/// here and now so both see the same machine).
+fn prefill_share_together(m: &ThisMachine, mix: &[TypeBytes]) -> f64 {
+    let Some(main) = mix
+        .iter()
+        .max_by(|a, b| (a.long + a.short).total_cmp(&(b.long + b.short)))
+    else {
+        return 0.0;
+    };
+    let time = || {
+        let pool = ThreadPool::new(m.threads);
+        let mut buf = vec![0u8; 6 << 20];
+        choose::time_chosen(
+            &pool,
+            main.ty,
+            Shape::Prefill,
+            (5, choose::Keep::Median),
+            &mut buf,
+        )
+        .unwrap_or(0.0)
+    };
+    let alone = time();
+    let start = Barrier::new(m.sharing);
+    let together: Vec<f64> = std::thread::scope(|s| {
+        let runs: Vec<_> = (0..m.sharing)
+            .map(|_| {
+                s.spawn(|| {
+                    start.wait();
+                    time()
+                })
+            })
+            .collect();
+        runs.into_iter().filter_map(|r| r.join().ok()).collect()
+    });
+    let mean = together.iter().sum::<f64>() / together.len().max(1) as f64;
+    if alone > 0.0 {
+        (mean / alone).min(1.0)
+    } else {
+        0.0
+    }
 }
 
 /// One node's decode and prefill tok/s of the model at `path` on `threads` threads here,

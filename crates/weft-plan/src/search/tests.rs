@@ -36,6 +36,7 @@ fn node(name: &str, mem_gb: u64, gb_s: f64) -> NodeProfile {
         decode_bytes_per_s: gb_s * 1e9,
         prefill_bytes_per_s: gb_s * 1e9 * 20.0,
         loaded_decode_bytes_per_s: 0.0,
+        loaded_prefill_bytes_per_s: 0.0,
     }
 }
 
