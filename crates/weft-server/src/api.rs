@@ -7,8 +7,22 @@ use serde::Deserialize;
 use crate::error::ApiError;
 
 /// Parses a JSON body; errors name the field path (`messages[0].content`) and the problem.
+/// Anything but whitespace after the JSON value is refused.
 pub fn parse_body<T: DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {
     let de = &mut serde_json::Deserializer::from_slice(body);
+    let value = parse_value(de)?;
+    de.end().map_err(|e| {
+        ApiError::bad_request(
+            "",
+            format!("invalid request body: bytes after the JSON value ({e})"),
+        )
+    })?;
+    Ok(value)
+}
+
+fn parse_value<'de, T: DeserializeOwned>(
+    de: &mut serde_json::Deserializer<serde_json::de::SliceRead<'de>>,
+) -> Result<T, ApiError> {
     serde_path_to_error::deserialize(de).map_err(|e| {
         let path = e.path().to_string();
         let inner = e.into_inner();

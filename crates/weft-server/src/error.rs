@@ -53,6 +53,32 @@ impl ApiError {
         }
     }
 
+    /// 413: a body over the server's limit.
+    pub fn too_large(limit: usize) -> Self {
+        ApiError {
+            status: StatusCode::PAYLOAD_TOO_LARGE,
+            message: format!(
+                "the request body is larger than this server's limit of {limit} bytes"
+            ),
+            kind: "invalid_request_error",
+            param: None,
+            code: Some("request_too_large"),
+        }
+    }
+
+    /// 415: a body that is not declared JSON.
+    pub fn not_json(content_type: &str) -> Self {
+        ApiError {
+            status: StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            message: format!(
+                "the request body must be JSON (Content-Type: application/json), not {content_type:?}"
+            ),
+            kind: "invalid_request_error",
+            param: None,
+            code: Some("unsupported_media_type"),
+        }
+    }
+
     /// 503: the model cannot run now (a lost node, a stopped engine).
     pub fn unavailable(message: impl Into<String>) -> Self {
         ApiError {

@@ -8,8 +8,10 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use axum::body::Bytes;
-use axum::extract::{Path, Request, State};
-use axum::http::header::AUTHORIZATION;
+use axum::extract::rejection::BytesRejection;
+use axum::extract::{DefaultBodyLimit, Path, Request, State};
+use axum::http::header::{AUTHORIZATION, CONTENT_TYPE};
+use axum::http::HeaderMap;
 use axum::middleware::{self, Next};
 use axum::response::sse::{Event as SseEvent, Sse};
 use axum::response::{IntoResponse, Response};
@@ -105,7 +107,8 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/v1/chat/completions", post(chat))
         .route("/v1/completions", post(completions))
         .route("/v1/cluster", get(cluster))
-        .route_layer(middleware::from_fn_with_state(state.clone(), check_key));
+        .route_layer(middleware::from_fn_with_state(state.clone(), check_key))
+        .layer(DefaultBodyLimit::max(BODY_LIMIT));
     Router::new()
         .route("/health", get(health))
         .merge(v1)
@@ -245,8 +248,39 @@ async fn cluster(State(st): State<Arc<AppState>>) -> Json<Value> {
 
 const ROLES: [&str; 5] = ["system", "developer", "user", "assistant", "tool"];
 
-async fn chat(State(st): State<Arc<AppState>>, body: Bytes) -> Result<Response, ApiError> {
-    let req: ChatRequest = parse_body(&body)?;
+/// The most bytes a request body may hold: room for a whole context of text many times
+/// over, and a bound on what one client can make the server buffer.
+pub const BODY_LIMIT: usize = 4 << 20;
+
+/// A request body that is declared JSON (or declares nothing) and within the limit.
+fn json_body(headers: &HeaderMap, body: Result<Bytes, BytesRejection>) -> Result<Bytes, ApiError> {
+    if let Some(ct) = headers.get(CONTENT_TYPE) {
+        let ct = ct.to_str().unwrap_or("(not text)");
+        let mime = ct
+            .split(';')
+            .next()
+            .unwrap_or("")
+            .trim()
+            .to_ascii_lowercase();
+        if !(mime == "application/json" || mime.ends_with("+json")) {
+            return Err(ApiError::not_json(ct));
+        }
+    }
+    body.map_err(|e| {
+        if e.status() == axum::http::StatusCode::PAYLOAD_TOO_LARGE {
+            ApiError::too_large(BODY_LIMIT)
+        } else {
+            ApiError::bad_request("", format!("reading the request body: {e}"))
+        }
+    })
+}
+
+async fn chat(
+    State(st): State<Arc<AppState>>,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Response, ApiError> {
+    let req: ChatRequest = parse_body(&json_body(&headers, body)?)?;
     let top = match (req.logprobs, req.top_logprobs) {
         (Some(true), t) => Some(check_top_logprobs("top_logprobs", t.unwrap_or(0))?),
         (_, Some(_)) => {
@@ -278,20 +312,42 @@ async fn chat(State(st): State<Arc<AppState>>, body: Bytes) -> Result<Response, 
             content: m.text(i)?,
         });
     }
-    let text = st
+    let (text, texts_at) = st
         .template
-        .render(&msgs)
+        .render_protected(&msgs)
         .map_err(|e| ApiError::bad_request("messages", e))?;
     // A template that writes BOS itself must not get a second one from the tokenizer.
     let bos = st.tokenizer.bos_id().map(|b| st.tokenizer.token_text(b));
     let add_bos = st.tokenizer.add_bos() && !bos.is_some_and(|b| text.starts_with(b));
-    let prompt = st.tokenizer.encode(&text, add_bos, true);
+    // Control tokens come from the template only: the messages' texts stay text.
+    let prompt = match texts_at {
+        Some(ranges) => st.tokenizer.encode_protected(&text, add_bos, &ranges),
+        None => {
+            // The template rewrote the texts past locating them: refuse a text that would
+            // read as control tokens rather than let it forge turns.
+            let t = &st.tokenizer;
+            if let Some(i) = msgs.iter().position(|m| {
+                t.encode(&m.content, false, true) != t.encode(&m.content, false, false)
+            }) {
+                return Err(ApiError::bad_request(
+                    format!("messages[{i}].content"),
+                    "the text holds the model's control-token text, which this model's chat \
+                     template does not let weft keep as plain text",
+                ));
+            }
+            t.encode(&text, add_bos, true)
+        }
+    };
     let opts = req.common.check(&st.model_id, st.engine.n_ctx, None, top)?;
     respond(&st, Kind::Chat, "messages", prompt, opts).await
 }
 
-async fn completions(State(st): State<Arc<AppState>>, body: Bytes) -> Result<Response, ApiError> {
-    let req: CompletionRequest = parse_body(&body)?;
+async fn completions(
+    State(st): State<Arc<AppState>>,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Response, ApiError> {
+    let req: CompletionRequest = parse_body(&json_body(&headers, body)?)?;
     if req.echo == Some(true) {
         return Err(ApiError::bad_request("echo", "echo is not supported"));
     }

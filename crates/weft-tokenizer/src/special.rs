@@ -8,6 +8,8 @@
 //! substrings of the text, so a token absent from the text can never split a fragment: the result
 //! is identical.
 
+use std::ops::Range;
+
 use crate::vocab::{attr, Vocab};
 
 /// One piece of the partitioned input: raw text still to tokenize, or a special token's id.
@@ -114,6 +116,103 @@ impl SpecialMatcher {
         found.sort_unstable_by_key(|id| self.rank.get(id).copied().unwrap_or(u32::MAX));
         found.dedup();
         found
+    }
+
+    /// Partitions `text` as `partition` does with special-token parsing, except that no
+    /// special token is read inside (or across the edge of) the `protected` byte ranges:
+    /// their text stays text, joined with the text around it.
+    pub fn partition_protected<'a>(
+        &self,
+        vocab: &Vocab,
+        text: &'a str,
+        protected: &[Range<usize>],
+    ) -> Vec<Fragment<'a>> {
+        // Byte ranges of text, each searchable or not, and tokens between them.
+        enum Part {
+            Text(Range<usize>, bool),
+            Token(u32),
+        }
+        let mut parts = Vec::new();
+        let mut at = 0;
+        let mut sorted: Vec<Range<usize>> = protected
+            .iter()
+            .filter(|r| {
+                r.start < r.end
+                    && r.end <= text.len()
+                    && text.is_char_boundary(r.start)
+                    && text.is_char_boundary(r.end)
+            })
+            .cloned()
+            .collect();
+        sorted.sort_by_key(|r| r.start);
+        for r in sorted {
+            let start = r.start.max(at);
+            if start > at {
+                parts.push(Part::Text(at..start, true));
+            }
+            if r.end > start {
+                parts.push(Part::Text(start..r.end, false));
+            }
+            at = at.max(r.end);
+        }
+        if at < text.len() {
+            parts.push(Part::Text(at..text.len(), true));
+        }
+        for id in self.candidates(vocab, text, true) {
+            let needle = vocab.text(id);
+            // Protected text reads only what text without special parsing reads
+            // (user-defined tokens), never a control token.
+            let anywhere = vocab.attr(id) & PARSE_ONLY == 0;
+            let mut next = Vec::with_capacity(parts.len() + 2);
+            for part in parts {
+                let Part::Text(mut rest, searchable) = part else {
+                    next.push(part);
+                    continue;
+                };
+                if !(searchable || anywhere) {
+                    next.push(Part::Text(rest, searchable));
+                    continue;
+                }
+                while let Some(pos) = text[rest.clone()].find(needle) {
+                    if pos > 0 {
+                        next.push(Part::Text(rest.start..rest.start + pos, searchable));
+                    }
+                    next.push(Part::Token(id));
+                    rest.start += pos + needle.len();
+                }
+                if !rest.is_empty() {
+                    next.push(Part::Text(rest, searchable));
+                }
+            }
+            parts = next;
+        }
+        // Neighbouring text ranges join, as the one text they were.
+        let mut out: Vec<Fragment<'a>> = Vec::with_capacity(parts.len());
+        let mut open: Option<Range<usize>> = None;
+        for part in parts {
+            match part {
+                Part::Text(r, _) => {
+                    open = Some(match open {
+                        Some(o) if o.end == r.start => o.start..r.end,
+                        Some(o) => {
+                            out.push(Fragment::Text(&text[o]));
+                            r
+                        }
+                        None => r,
+                    })
+                }
+                Part::Token(id) => {
+                    if let Some(o) = open.take() {
+                        out.push(Fragment::Text(&text[o]));
+                    }
+                    out.push(Fragment::Token(id));
+                }
+            }
+        }
+        if let Some(o) = open {
+            out.push(Fragment::Text(&text[o]));
+        }
+        out
     }
 
     /// Partitions `text` into raw-text fragments and special tokens.

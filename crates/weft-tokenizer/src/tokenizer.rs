@@ -158,7 +158,31 @@ impl Tokenizer {
     /// text become their tokens; user-defined tokens are matched either way, as in llama.cpp.
     pub fn encode(&self, text: &str, add_special: bool, parse_special: bool) -> Vec<u32> {
         let fragments = self.special.partition(&self.vocab, text, parse_special);
-        let mut out = Vec::with_capacity(text.len() / 3 + 2);
+        self.encode_fragments(fragments, text.len(), add_special)
+    }
+
+    /// Tokenizes `text` reading special tokens in it, except inside the `protected` byte
+    /// ranges (text a user wrote, placed by a chat template), whose text stays text: a
+    /// user cannot forge the template's control tokens.
+    pub fn encode_protected(
+        &self,
+        text: &str,
+        add_special: bool,
+        protected: &[std::ops::Range<usize>],
+    ) -> Vec<u32> {
+        let fragments = self
+            .special
+            .partition_protected(&self.vocab, text, protected);
+        self.encode_fragments(fragments, text.len(), add_special)
+    }
+
+    fn encode_fragments(
+        &self,
+        fragments: Vec<Fragment>,
+        len: usize,
+        add_special: bool,
+    ) -> Vec<u32> {
+        let mut out = Vec::with_capacity(len / 3 + 2);
         if add_special && self.add_bos {
             out.extend(self.bos);
         }

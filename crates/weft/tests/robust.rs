@@ -502,3 +502,69 @@ fn the_real_model_stops_quietly_when_its_reader_does() {
     assert_eq!(code, Some(0), "{err}");
     assert!(!err.contains("panicked"), "{err}");
 }
+
+/// (HTTP status, JSON body) of a POST of raw `body` bytes with `content_type`.
+fn post_raw(s: &Server, path: &str, content_type: &str, body: &[u8]) -> (u16, Value) {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("body");
+    std::fs::write(&file, body).unwrap();
+    let out = Command::new("curl")
+        .args(["-sS", "-w", "\n%{http_code}", "-H"])
+        .arg(format!("Content-Type: {content_type}"))
+        .arg("--data-binary")
+        .arg(format!("@{}", file.display()))
+        .arg(format!("{}{path}", s.url))
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    let (body, code) = text.rsplit_once('\n').unwrap_or(("", &text));
+    let json = serde_json::from_str(body).unwrap_or_else(|e| panic!("not JSON ({e}): {body}"));
+    (code.trim().parse().unwrap_or(0), json)
+}
+
+#[test]
+fn bodies_too_large_not_json_or_with_trailing_bytes_get_json_errors() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = Server::start(&plain_model(dir.path()), &[]);
+    let ok = serde_json::json!({"model": s.model, "prompt": "hi", "max_tokens": 2}).to_string();
+    let (code, v) = post_raw(&s, "/v1/completions", "application/json", ok.as_bytes());
+    assert_eq!(code, 200, "{v}");
+    // Past the limit: 413, shaped as every other error.
+    let big = format!(r#"{{"prompt": "{}"}}"#, "a".repeat(5 << 20));
+    let (code, v) = post_raw(&s, "/v1/completions", "application/json", big.as_bytes());
+    assert_eq!(code, 413, "{v}");
+    assert_eq!(v["error"]["code"], "request_too_large", "{v}");
+    assert!(
+        v["error"]["message"].as_str().unwrap().contains("4194304"),
+        "{v}"
+    );
+    // Bytes after the JSON value.
+    let trailing = format!("{ok} {{}}");
+    let (code, v) = post_raw(
+        &s,
+        "/v1/completions",
+        "application/json",
+        trailing.as_bytes(),
+    );
+    assert_eq!(code, 400, "{v}");
+    assert!(
+        v["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("after the JSON"),
+        "{v}"
+    );
+    // Not declared JSON.
+    let (code, v) = post_raw(&s, "/v1/chat/completions", "text/plain", ok.as_bytes());
+    assert_eq!(code, 415, "{v}");
+    assert_eq!(v["error"]["code"], "unsupported_media_type", "{v}");
+    let (code, v) = post_raw(
+        &s,
+        "/v1/completions",
+        "application/json; charset=utf-8",
+        ok.as_bytes(),
+    );
+    assert_eq!(code, 200, "{v}");
+    // The server still answers after all of that.
+    assert_eq!(s.complete("hi").0, 200);
+}
