@@ -11,5 +11,5 @@ pub mod template;
 
 pub use engine::EngineHandle;
 pub use error::ApiError;
-pub use server::{router, serve, AppState, ClusterView};
+pub use server::{router, serve, AppState, ClusterView, DEFAULT_MAX_TOKENS};
 pub use template::ChatTemplate;

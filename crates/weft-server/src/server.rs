@@ -37,6 +37,9 @@ pub trait ClusterView: Send + Sync {
     fn describe(&self) -> Value;
 }
 
+/// Tokens a chat request without max_tokens may generate, unless the server says otherwise.
+pub const DEFAULT_MAX_TOKENS: usize = 2048;
+
 /// Everything a handler needs.
 pub struct AppState {
     pub engine: EngineHandle,
@@ -46,6 +49,8 @@ pub struct AppState {
     pub api_key: Option<String>,
     pub cluster: Box<dyn ClusterView>,
     pub created: u64,
+    /// Tokens a chat request that sets no max_tokens may generate (`--default-max-tokens`).
+    pub default_max_tokens: usize,
     /// (time, generated tokens) samples over the last few seconds, for live tok/s.
     rate: Mutex<VecDeque<(Instant, u64)>>,
 }
@@ -67,6 +72,7 @@ impl AppState {
             api_key,
             cluster,
             created: unix_now(),
+            default_max_tokens: DEFAULT_MAX_TOKENS,
             rate: Mutex::new(VecDeque::new()),
         }
     }
@@ -434,7 +440,8 @@ async fn respond(
             .with_code("context_length_exceeded"))
         }
         Some(m) => m,
-        None => room,
+        // A request that sets no limit gets the server's, not the whole context.
+        None => room.min(st.default_max_tokens),
     };
     let meta = Meta::new(kind, &st.model_id, prompt.len(), opts.logprobs);
     let req = GenerateRequest {

@@ -15,7 +15,9 @@ use crate::layout_args::parse_size;
 /// `weft node` arguments.
 #[derive(Args, Debug)]
 pub struct NodeArgs {
-    /// Control address to listen on (port 0 picks one; the address is printed).
+    /// Control address to listen on, every interface by default, for coordinators on other
+    /// machines (port 0 picks one; the address is printed). Data-plane listeners open on
+    /// the same IP, on ports the system picks.
     #[arg(long, default_value = "0.0.0.0:7411")]
     pub listen: String,
     /// Cluster secret (or WEFT_SECRET).

@@ -126,9 +126,9 @@ pub fn run(a: ServeArgs) -> Result<()> {
     );
     outln!("listening on http://{addr}")?;
     std::io::stdout().flush()?;
-    let state = Arc::new(AppState::new(
-        engine, tokenizer, template, model_id, api_key, view,
-    ));
+    let mut state = AppState::new(engine, tokenizer, template, model_id, api_key, view);
+    state.default_max_tokens = a.default_max_tokens.max(1);
+    let state = Arc::new(state);
     runtime
         .block_on(weft_server::serve(listener, state.clone()))
         .context("serving HTTP")?;

@@ -11,6 +11,8 @@ pub struct ServeArgs {
     /// GGUF model file (default: the model `weft pull` fetched).
     #[arg(long)]
     pub model: Option<PathBuf>,
+    /// Address to listen on; the default answers this machine only (0.0.0.0 for every
+    /// interface).
     #[arg(long, default_value = "127.0.0.1")]
     pub host: String,
     /// Port (0 picks a free one; the address is printed).
@@ -31,6 +33,10 @@ pub struct ServeArgs {
     /// Most prompt tokens a step carries beside running decodes.
     #[arg(long, default_value_t = 32)]
     pub prefill_chunk: usize,
+    /// Tokens a chat request that sets no max_tokens may generate (at most what is left
+    /// of its context).
+    #[arg(long, default_value_t = weft_server::DEFAULT_MAX_TOKENS)]
+    pub default_max_tokens: usize,
     /// The model id the API reports and expects (default: the file's name).
     #[arg(long)]
     pub model_id: Option<String>,
