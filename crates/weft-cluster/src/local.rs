@@ -40,6 +40,9 @@ pub struct LocalOptions {
     pub memory_limit: Option<u64>,
     /// Node i's `--slowdown`, for the nodes this covers.
     pub slowdown: Vec<f64>,
+    /// The model file the nodes may open (their `--model`): a node opens no path a
+    /// coordinator names outside its model directories.
+    pub model: Option<std::path::PathBuf>,
 }
 
 /// Local node processes, killed when dropped.
@@ -95,6 +98,9 @@ pub fn start_local_nodes(
         }
         if let Some(m) = opts.memory_limit {
             cmd.args(["--memory-limit", &m.to_string()]);
+        }
+        if let Some(m) = &opts.model {
+            cmd.arg("--model").arg(m);
         }
         if let Some(f) = opts.slowdown.get(i) {
             cmd.args(["--slowdown", &f.to_string()]);
@@ -201,6 +207,7 @@ mod tests {
             pin: true,
             memory_limit: Some(1000),
             slowdown: vec![2.0],
+            model: None,
         };
         let (nodes, addrs) = start(&exe, 2, &opts).unwrap();
         assert_eq!(addrs, ["127.0.0.1:4242", "127.0.0.1:4242"]);

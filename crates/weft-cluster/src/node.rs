@@ -54,11 +54,44 @@ pub struct NodeOptions {
     pub memory_limit: Option<u64>,
     /// The node's weft home (models/ it holds, calibration/ for its cached kernel speeds).
     pub home: Option<PathBuf>,
+    /// Directories a model file a coordinator names must lie in (empty: `home`/models).
+    /// A node opens no other path a coordinator sends: only these and its own `model`.
+    pub model_dirs: Vec<PathBuf>,
     /// Test aid: every stretch of compute takes this many times as long (spinning), to
     /// emulate a slower machine beside faster ones. 1: off.
     pub slowdown: f64,
     /// The member list this node keeps and answers membership requests from (`discovery`).
     pub membership: Option<Arc<crate::discovery::Membership>>,
+}
+
+/// The file a coordinator named, if it lies in one of the node's model directories (after
+/// following links and `..`); otherwise an error naming the path and the directories.
+fn allowed_model(opts: &NodeOptions, asked: &str) -> Result<PathBuf, String> {
+    let dirs: Vec<PathBuf> = if opts.model_dirs.is_empty() {
+        opts.home.iter().map(|h| h.join("models")).collect()
+    } else {
+        opts.model_dirs.clone()
+    };
+    let real = std::fs::canonicalize(asked)
+        .map_err(|e| format!("the coordinator's model {asked}: {e}"))?;
+    let inside = dirs.iter().any(|d| {
+        std::fs::canonicalize(d)
+            .map(|d| real.starts_with(d))
+            .unwrap_or(false)
+    });
+    if inside {
+        return Ok(real);
+    }
+    let names: Vec<String> = dirs.iter().map(|d| d.display().to_string()).collect();
+    Err(format!(
+        "the coordinator asked for {asked}, which is outside this node's model directories \
+         ({}): start the node with --model FILE or --models-dir DIR, or put the file there",
+        if names.is_empty() {
+            "none".into()
+        } else {
+            names.join(", ")
+        }
+    ))
 }
 
 /// An authenticated coordinator's control link and the liveness its heartbeats feed.
@@ -314,10 +347,10 @@ fn session(
         ));
     }
     acc.liveness.limit_to(plan.group_size);
-    let path = opts
-        .model
-        .clone()
-        .unwrap_or_else(|| PathBuf::from(&plan.model));
+    let path = match &opts.model {
+        Some(own) => own.clone(),
+        None => allowed_model(opts, &plan.model)?,
+    };
     let threads = opts.threads.unwrap_or(plan.threads).max(1);
     if plan.slots == 0 || plan.slots > control::MAX_SLOTS {
         return Err(format!(

@@ -43,6 +43,11 @@ pub struct NodeArgs {
     /// emulate a slower machine beside faster ones; the node's measured speeds say so.
     #[arg(long, default_value_t = 1.0)]
     pub slowdown: f64,
+    /// Directories whose model files a coordinator may ask this node to open,
+    /// comma-separated (default: the weft home's models/); no other path is opened unless
+    /// given with --model.
+    #[arg(long, value_delimiter = ',')]
+    pub models_dir: Vec<PathBuf>,
     /// This node's name in member lists and its mDNS announcement (default: the host name).
     #[arg(long)]
     pub name: Option<String>,
@@ -90,6 +95,7 @@ pub fn node(a: NodeArgs) -> Result<()> {
                 .map(Duration::from_micros),
             memory_limit: a.memory_limit,
             home: Some(crate::paths::weft_home()),
+            model_dirs: a.models_dir,
             slowdown: a.slowdown,
             membership: Some(membership),
         },

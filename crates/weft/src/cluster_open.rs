@@ -64,7 +64,7 @@ pub fn open(
             } else {
                 l.node_threads.unwrap_or((cores / n).max(1))
             };
-            let (nodes, addrs) = l.start_local_nodes(n, &secret, threads)?;
+            let (nodes, addrs) = l.start_local_nodes(n, &secret, threads, model)?;
             (Some(nodes), addrs, secret)
         }
         (None, Some(secret)) => (None, l.peers.clone(), secret),

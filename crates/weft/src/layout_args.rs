@@ -63,12 +63,14 @@ impl LayoutArgs {
     }
 
     /// Starts `n` local `weft node` processes (this binary) with `threads` each and the
-    /// --pin, --node-memory-limit and --node-slowdown flags; their control addresses.
+    /// --pin, --node-memory-limit and --node-slowdown flags, allowed to open `model`;
+    /// their control addresses.
     pub fn start_local_nodes(
         &self,
         n: usize,
         secret: &str,
         threads: usize,
+        model: &std::path::Path,
     ) -> Result<(LocalNodes, Vec<String>)> {
         let exe = std::env::current_exe().context("finding the weft binary")?;
         let opts = LocalOptions {
@@ -76,6 +78,7 @@ impl LayoutArgs {
             pin: self.pin,
             memory_limit: self.node_memory_limit,
             slowdown: self.node_slowdown.clone(),
+            model: Some(model.to_path_buf()),
         };
         Ok(start_local_nodes(&exe, n, secret, &opts)?)
     }

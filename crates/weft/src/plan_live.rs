@@ -37,7 +37,7 @@ pub fn run(
             } else {
                 l.node_threads.unwrap_or((cores / n).max(1))
             };
-            let (nodes, addrs) = l.start_local_nodes(n, &secret, threads)?;
+            let (nodes, addrs) = l.start_local_nodes(n, &secret, threads, path)?;
             (Some(nodes), addrs, secret, threads)
         }
         (None, false) => {

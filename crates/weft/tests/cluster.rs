@@ -189,6 +189,8 @@ fn tp2_across_network_namespaces() {
                 SECRET,
                 "--threads",
                 "1",
+                "--models-dir",
+                &common::test_model_dirs(),
             ])
             .stdout(Stdio::piped())
             .stderr(Stdio::null())
@@ -355,4 +357,47 @@ impl Drop for Netns {
         }
         sh(&["ip", "link", "del", &self.bridge]);
     }
+}
+
+/// A node opens only model files in its model directories (or its own --model): a
+/// coordinator cannot make it read any other path.
+#[test]
+fn a_node_refuses_a_model_outside_its_directories() {
+    let models = tempfile::tempdir().unwrap();
+    let elsewhere = tempfile::tempdir().unwrap();
+    let model = synthetic_llama_q8(elsewhere.path());
+    let mut c = std::process::Command::new(env!("CARGO_BIN_EXE_weft"))
+        .args([
+            "node",
+            "--listen",
+            "127.0.0.1:0",
+            "--secret",
+            SECRET,
+            "--threads",
+            "1",
+        ])
+        .arg("--models-dir")
+        .arg(models.path())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let addr = common::listening_on(&mut c, "weft node");
+    let _nodes = Kill(vec![c]);
+    let out = run_on_peers(&model, &addr, SECRET);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("outside this node's model directories") && err.contains(&model),
+        "{err}"
+    );
+    // A link that leads out of the directory is followed, and refused too.
+    let link = models.path().join("link.gguf");
+    std::os::unix::fs::symlink(&model, &link).unwrap();
+    let out = run_on_peers(link.to_str().unwrap(), &addr, SECRET);
+    assert!(!out.status.success());
+    // The same file inside the directory is served.
+    let inside = models.path().join("m.gguf");
+    std::fs::copy(&model, &inside).unwrap();
+    ok_json(&run_on_peers(inside.to_str().unwrap(), &addr, SECRET));
 }

@@ -140,6 +140,21 @@ pub const LAYOUTS: [&[&str]; 5] = [
     &["--nodes", "4", "--tp", "2", "--pp", "2"],
 ];
 
+/// The `--models-dir` test nodes get: the temporary directory, where tests write their
+/// synthetic models, and the weft home's models/ for the real one.
+pub fn test_model_dirs() -> String {
+    let home = std::env::var_os("WEFT_HOME")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            PathBuf::from(std::env::var_os("HOME").unwrap_or_default()).join(".cache/weft")
+        });
+    format!(
+        "{},{}",
+        std::env::temp_dir().display(),
+        home.join("models").display()
+    )
+}
+
 /// A `weft node` on `listen`, with the address it printed.
 pub fn start_node(listen: &str, secret: &str) -> (Child, String) {
     let mut c = Command::new(env!("CARGO_BIN_EXE_weft"))
@@ -151,6 +166,8 @@ pub fn start_node(listen: &str, secret: &str) -> (Child, String) {
             secret,
             "--threads",
             "1",
+            "--models-dir",
+            &test_model_dirs(),
         ])
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
