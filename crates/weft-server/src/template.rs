@@ -37,6 +37,9 @@ const CHATML: &str = r#"{% for m in messages %}
 {% endif %}
 "#;
 
+/// Byte ranges of a rendered prompt that hold the messages' texts.
+pub type TextRanges = Vec<Range<usize>>;
+
 /// Private-use characters around a message's index mark where its text goes.
 const MARK_OPEN: char = '\u{F8F0}';
 const MARK_CLOSE: char = '\u{F8F1}';
@@ -134,7 +137,7 @@ impl ChatTemplate {
     pub fn render_protected(
         &self,
         messages: &[TemplateMessage],
-    ) -> Result<(String, Option<Vec<Range<usize>>>), String> {
+    ) -> Result<(String, Option<TextRanges>), String> {
         let text = self.render(messages)?;
         let marked: Vec<TemplateMessage> = messages
             .iter()
