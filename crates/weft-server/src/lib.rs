@@ -5,11 +5,13 @@
 pub mod api;
 pub mod engine;
 pub mod error;
+pub mod listen;
 pub mod responses;
 pub mod server;
 pub mod template;
 
 pub use engine::EngineHandle;
 pub use error::ApiError;
+pub use listen::{fit_connections, Limits};
 pub use server::{router, serve, AppState, ClusterView, DEFAULT_MAX_TOKENS};
 pub use template::ChatTemplate;

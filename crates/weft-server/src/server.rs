@@ -125,7 +125,11 @@ pub fn router(state: Arc<AppState>) -> Router {
 /// Serves until ctrl-c, SIGTERM, or shortly after the batcher thread dies (the caller
 /// then finds `engine.stopped()` set and exits non-zero); samples the decode rate every
 /// half second for `/v1/cluster`.
-pub async fn serve(listener: TcpListener, state: Arc<AppState>) -> std::io::Result<()> {
+pub async fn serve(
+    listener: TcpListener,
+    state: Arc<AppState>,
+    limits: crate::listen::Limits,
+) -> std::io::Result<()> {
     let sampler = state.clone();
     tokio::spawn(async move {
         let mut tick = tokio::time::interval(Duration::from_millis(500));
@@ -154,14 +158,13 @@ pub async fn serve(listener: TcpListener, state: Arc<AppState>) -> std::io::Resu
         // Long enough for health checks to see the 503 before the port closes.
         tokio::time::sleep(STOPPED_GRACE).await;
     };
-    axum::serve(listener, router(state))
-        .with_graceful_shutdown(async move {
-            tokio::select! {
-                _ = shutdown_signal() => {}
-                _ = engine_died => {}
-            }
-        })
-        .await
+    let shutdown = async move {
+        tokio::select! {
+            _ = shutdown_signal() => {}
+            _ = engine_died => {}
+        }
+    };
+    crate::listen::serve_limited(listener, router(state), limits, shutdown).await
 }
 
 /// How long a server whose engine died keeps answering (503 on /health) before it exits.

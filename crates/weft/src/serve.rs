@@ -124,13 +124,18 @@ pub fn run(a: ServeArgs) -> Result<()> {
             ""
         }
     );
+    // Raise the descriptor limit first: the cap must fit under what the process may open.
+    let limits = weft_server::Limits {
+        max_connections: weft_server::fit_connections(a.max_connections.max(1)),
+        header_timeout: std::time::Duration::from_secs_f64(a.header_timeout.max(0.1)),
+    };
     outln!("listening on http://{addr}")?;
     std::io::stdout().flush()?;
     let mut state = AppState::new(engine, tokenizer, template, model_id, api_key, view);
     state.default_max_tokens = a.default_max_tokens.max(1);
     let state = Arc::new(state);
     runtime
-        .block_on(weft_server::serve(listener, state.clone()))
+        .block_on(weft_server::serve(listener, state.clone(), limits))
         .context("serving HTTP")?;
     // Exit non-zero when the engine died, so a supervisor restarts the server.
     match state.engine.stopped() {

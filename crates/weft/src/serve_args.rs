@@ -33,6 +33,15 @@ pub struct ServeArgs {
     /// Most prompt tokens a step carries beside running decodes.
     #[arg(long, default_value_t = 32)]
     pub prefill_chunk: usize,
+    /// Connections open at once (lowered to fit the descriptor limit, which is raised to
+    /// its hard limit at start); past it `/health` still answers and other requests get
+    /// a 503 at once.
+    #[arg(long, default_value_t = 4096)]
+    pub max_connections: usize,
+    /// Seconds a client has to send a request's headers; a kept-alive connection idle
+    /// this long is closed.
+    #[arg(long, default_value_t = 15.0)]
+    pub header_timeout: f64,
     /// Tokens a chat request that sets no max_tokens may generate (at most what is left
     /// of its context).
     #[arg(long, default_value_t = weft_server::DEFAULT_MAX_TOKENS)]

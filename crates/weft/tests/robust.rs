@@ -608,3 +608,82 @@ fn a_chat_without_max_tokens_gets_the_servers_cap() {
     assert_eq!(v["usage"]["completion_tokens"], 3, "{v}");
     assert_eq!(v["choices"][0]["finish_reason"], "length", "{v}");
 }
+
+/// `weft serve` with `extra` flags on the plain synthetic model.
+fn serve_with(dir: &Path, extra: &[&str]) -> Server {
+    let model = plain_model(dir);
+    let child = weft()
+        .args(["serve", "--port", "0", "--ctx", "256", "-t", "1"])
+        .args(extra)
+        .arg("--model")
+        .arg(&model)
+        .env_remove("WEFT_API_KEY")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut s = Server {
+        child,
+        url: String::new(),
+        model: model.file_stem().unwrap().to_string_lossy().into_owned(),
+    };
+    s.url = listening_on(&mut s.child, "weft serve");
+    s
+}
+
+/// Whether the server closed `c` within `secs`: reads (and drops whatever it sent) until
+/// the end of the stream, or until the time is up.
+fn closed_within(c: &mut std::net::TcpStream, secs: u64) -> bool {
+    use std::io::Read;
+    let end = std::time::Instant::now() + std::time::Duration::from_secs(secs);
+    let mut b = [0u8; 1024];
+    while let Some(left) = end.checked_duration_since(std::time::Instant::now()) {
+        c.set_read_timeout(Some(left.max(std::time::Duration::from_millis(1))))
+            .unwrap();
+        match c.read(&mut b) {
+            Ok(0) => return true,
+            Ok(_) => continue,
+            Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => return true,
+            Err(_) => return false,
+        }
+    }
+    false
+}
+
+#[test]
+fn idle_connections_are_capped_and_closed_and_health_still_answers() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = serve_with(
+        dir.path(),
+        &["--max-connections", "4", "--header-timeout", "1"],
+    );
+    let addr = s.url.trim_start_matches("http://").to_string();
+    // Four silent connections fill the cap.
+    let mut idle: Vec<std::net::TcpStream> = (0..4)
+        .map(|_| std::net::TcpStream::connect(&addr).unwrap())
+        .collect();
+    std::thread::sleep(std::time::Duration::from_millis(200));
+    // At the cap /health still answers 200, and a request gets a JSON 503 at once.
+    let (code, body) = s.request("/health", None);
+    assert_eq!(code, 200, "{body}");
+    assert!(body.contains("at_connection_limit"), "{body}");
+    let (code, v) = s.complete("hi");
+    assert_eq!(code, 503, "{v}");
+    assert_eq!(v["error"]["code"], "too_many_connections", "{v}");
+    // The silent ones are closed by the header deadline, which frees the slots.
+    for c in &mut idle {
+        assert!(closed_within(c, 10), "a silent connection stayed open");
+    }
+    let (code, v) = s.complete("hi");
+    assert_eq!(code, 200, "{v}");
+    // A kept-alive connection that goes quiet after a request is closed as well.
+    use std::io::Write;
+    let mut c = std::net::TcpStream::connect(&addr).unwrap();
+    write!(c, "GET /health HTTP/1.1\r\nhost: x\r\n\r\n").unwrap();
+    assert!(
+        closed_within(&mut c, 10) || {
+            // The first read may return the response: then the close follows.
+            closed_within(&mut c, 10)
+        }
+    );
+}
