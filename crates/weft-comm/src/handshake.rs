@@ -76,7 +76,8 @@ impl Hello {
         b
     }
 
-    fn decode(b: &[u8; HELLO_LEN]) -> Result<Self, String> {
+    /// A peer's hello; errors name what is wrong.
+    pub fn decode(b: &[u8; HELLO_LEN]) -> Result<Self, String> {
         if &b[..8] != HELLO_MAGIC {
             return Err(format!(
                 "not the weft protocol (first bytes {:?})",

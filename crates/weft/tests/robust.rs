@@ -572,32 +572,7 @@ fn bodies_too_large_not_json_or_with_trailing_bytes_get_json_errors() {
 #[test]
 fn a_chat_without_max_tokens_gets_the_servers_cap() {
     let dir = tempfile::tempdir().unwrap();
-    let model = plain_model(dir.path());
-    let child = weft()
-        .args([
-            "serve",
-            "--port",
-            "0",
-            "--ctx",
-            "256",
-            "-t",
-            "1",
-            "--default-max-tokens",
-            "3",
-        ])
-        .arg("--model")
-        .arg(&model)
-        .env_remove("WEFT_API_KEY")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut s = Server {
-        child,
-        url: String::new(),
-        model: model.file_stem().unwrap().to_string_lossy().into_owned(),
-    };
-    s.url = listening_on(&mut s.child, "weft serve");
+    let s = serve_with(dir.path(), &["--default-max-tokens", "3"]);
     let body = serde_json::json!({
         "model": s.model, "temperature": 0,
         "messages": [{"role": "user", "content": "hi"}],

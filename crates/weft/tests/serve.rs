@@ -251,21 +251,25 @@ fn a_client_that_hangs_up_frees_its_slot() {
     );
 }
 
+/// The JSON answer to a POST of `body` to `path`.
+fn post(s: &Server, path: &str, body: &Value) -> Value {
+    let (out, err) = s.curl(&[
+        "-H",
+        "Content-Type: application/json",
+        "-d",
+        &body.to_string(),
+        &format!("{}{path}", s.url),
+    ]);
+    serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}: {out} {err}"))
+}
+
 /// Greedy completion of `prompt` with the top five logprobs of each token.
 fn complete(s: &Server, prompt: &str) -> Value {
     let body = serde_json::json!({
         "model": "gemma-3-270m-q4_k_m", "prompt": prompt, "max_tokens": 16,
         "temperature": 0, "logprobs": 5,
-    })
-    .to_string();
-    let (out, err) = s.curl(&[
-        "-H",
-        "Content-Type: application/json",
-        "-d",
-        &body,
-        &format!("{}/v1/completions", s.url),
-    ]);
-    serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}: {out} {err}"))
+    });
+    post(s, "/v1/completions", &body)
 }
 
 /// Equal tokens up to a part, and at the part each run's token within [`GEMMA3_TOL`] of
@@ -379,16 +383,8 @@ fn chat_prompt_tokens(s: &Server, content: &str) -> u64 {
     let body = serde_json::json!({
         "model": "gemma-3-270m-q4_k_m", "max_tokens": 2, "temperature": 0,
         "messages": [{"role": "user", "content": content}],
-    })
-    .to_string();
-    let (out, err) = s.curl(&[
-        "-H",
-        "Content-Type: application/json",
-        "-d",
-        &body,
-        &format!("{}/v1/chat/completions", s.url),
-    ]);
-    let v: Value = serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}: {out} {err}"));
+    });
+    let v = post(s, "/v1/chat/completions", &body);
     v["usage"]["prompt_tokens"]
         .as_u64()
         .unwrap_or_else(|| panic!("{v}"))

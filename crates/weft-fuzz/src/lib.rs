@@ -1,0 +1,96 @@
+//! The bodies of weft's fuzz targets, one function per input path that takes bytes from a
+//! file, a peer or a client. `fuzz/` runs each under cargo-fuzz (libFuzzer, nightly);
+//! `tests/corpora.rs` replays every corpus file through the same function on stable, so
+//! what the fuzzers found stays fixed. A target's only check is that nothing panics,
+//! hangs or allocates without bound: every error must come back as a value.
+
+use weft_gguf::GgufFile;
+use weft_model::ModelConfig;
+use weft_server::api::{parse_body, ChatRequest, CompletionRequest};
+use weft_server::template::{ChatTemplate, TemplateMessage};
+
+/// A GGUF file: header, metadata, tensor index; then what loading reads from them (the
+/// model's configuration, its tokenizer, the planner's profile).
+pub fn gguf(data: &[u8]) {
+    let Ok(f) = GgufFile::from_bytes("fuzz.gguf", data.to_vec()) else {
+        return;
+    };
+    for t in f.tensors() {
+        let _ = t.ty.bytes_for(t.n_elements());
+    }
+    let _ = weft_model::vocab::tokenizer_from_gguf(&f);
+    if let Ok(cfg) = ModelConfig::from_gguf(&f) {
+        let _ = weft_cluster::model_profile(&f, &cfg);
+    }
+}
+
+/// A data-plane frame header and a handshake hello, as a peer sends them.
+pub fn frame(data: &[u8]) {
+    use weft_comm::frame::{Header, HEADER_LEN};
+    use weft_comm::handshake::{Hello, HELLO_LEN};
+    if let Some(h) = data.get(..HEADER_LEN) {
+        let _ = Header::decode(h.try_into().expect("HEADER_LEN bytes"), 1 << 20);
+    }
+    if let Some(h) = data.get(..HELLO_LEN) {
+        let _ = Hello::decode(h.try_into().expect("HELLO_LEN bytes"));
+    }
+}
+
+/// A control message from a coordinator or a node, and a membership message.
+pub fn control(data: &[u8]) {
+    let _ = serde_json::from_slice::<weft_cluster::control::ToNode>(data);
+    let _ = serde_json::from_slice::<weft_cluster::control::FromNode>(data);
+    let _ = serde_json::from_slice::<weft_cluster::members::Gossip>(data);
+}
+
+/// An OpenAI request body, parsed and checked as the server checks it.
+pub fn request(data: &[u8]) {
+    if let Ok(r) = parse_body::<ChatRequest>(data) {
+        for (i, m) in r.messages.iter().enumerate() {
+            let _ = m.text(i);
+        }
+        let _ = r.common.check("m", 4096, None, None);
+    }
+    if let Ok(r) = parse_body::<CompletionRequest>(data) {
+        let _ = r.common.check("m", 4096, Some(16), None);
+    }
+}
+
+/// Messages as a client writes them, through the built-in templates (Gemma's turns and
+/// ChatML): the first byte picks roles, the rest splits into message texts at 0xFF.
+pub fn template(data: &[u8]) {
+    let Some((&roles, rest)) = data.split_first() else {
+        return;
+    };
+    const ROLES: [&str; 4] = ["system", "user", "assistant", "tool"];
+    let msgs: Vec<TemplateMessage> = rest
+        .split(|&b| b == 0xFF)
+        .enumerate()
+        .map(|(i, text)| TemplateMessage {
+            role: ROLES[((roles as usize) >> (2 * (i % 4))) & 3].to_string(),
+            content: String::from_utf8_lossy(text).into_owned(),
+        })
+        .collect();
+    for arch in ["gemma3", "qwen3"] {
+        let Ok(t) = ChatTemplate::new(None, arch, "<bos>", "<eos>") else {
+            continue;
+        };
+        if let Ok((text, Some(ranges))) = t.render_protected(&msgs) {
+            for r in ranges {
+                assert!(
+                    text.get(r).is_some(),
+                    "a located text is not a slice of the prompt"
+                );
+            }
+        }
+    }
+}
+
+/// The targets by name, as `fuzz/` and the corpus tests call them.
+pub const TARGETS: [(&str, fn(&[u8])); 5] = [
+    ("gguf", gguf),
+    ("frame", frame),
+    ("control", control),
+    ("request", request),
+    ("template", template),
+];
