@@ -4,6 +4,8 @@
 //! what the fuzzers found stays fixed. A target's only check is that nothing panics,
 //! hangs or allocates without bound: every error must come back as a value.
 
+use std::sync::OnceLock;
+
 use weft_gguf::GgufFile;
 use weft_model::ModelConfig;
 use weft_server::api::{parse_body, ChatRequest, CompletionRequest};
@@ -71,10 +73,15 @@ pub fn template(data: &[u8]) {
             content: String::from_utf8_lossy(text).into_owned(),
         })
         .collect();
-    for arch in ["gemma3", "qwen3"] {
-        let Ok(t) = ChatTemplate::new(None, arch, "<bos>", "<eos>") else {
-            continue;
-        };
+    // Compiled once: the input is the messages, not the template.
+    static TEMPLATES: OnceLock<Vec<ChatTemplate>> = OnceLock::new();
+    let templates = TEMPLATES.get_or_init(|| {
+        ["gemma3", "qwen3"]
+            .iter()
+            .filter_map(|arch| ChatTemplate::new(None, arch, "<bos>", "<eos>").ok())
+            .collect()
+    });
+    for t in templates {
         if let Ok((text, Some(ranges))) = t.render_protected(&msgs) {
             for r in ranges {
                 assert!(
@@ -86,8 +93,11 @@ pub fn template(data: &[u8]) {
     }
 }
 
+/// A fuzz target's body.
+pub type Target = fn(&[u8]);
+
 /// The targets by name, as `fuzz/` and the corpus tests call them.
-pub const TARGETS: [(&str, fn(&[u8])); 5] = [
+pub const TARGETS: [(&str, Target); 5] = [
     ("gguf", gguf),
     ("frame", frame),
     ("control", control),
