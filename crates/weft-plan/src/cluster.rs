@@ -150,6 +150,26 @@ impl ClusterProfile {
                 return Err(format!("{what}: values must be finite and >= 0"));
             }
         }
+        let e = &self.engine;
+        let figures = [
+            ("per_message_us", e.per_message_us),
+            ("sync_overhead_us", e.sync_overhead_us),
+            ("remote_layer_us", e.remote_layer_us),
+            ("layer_overhead_us", e.layer_overhead_us),
+            ("wire_bytes", e.wire_bytes),
+            ("segment_bytes", e.segment_bytes),
+            ("ring_from_bytes", e.ring_from_bytes),
+        ];
+        if let Some((what, v)) = figures.iter().find(|(_, v)| !(v.is_finite() && *v >= 0.0)) {
+            return Err(format!("engine.{what}: {v} must be finite and >= 0"));
+        }
+        if let crate::engine::Handoff::Star { round_trips } = e.handoff {
+            if !(round_trips.is_finite() && round_trips >= 0.0) {
+                return Err(format!(
+                    "engine.handoff.round_trips: {round_trips} must be finite and >= 0"
+                ));
+            }
+        }
         if self.coordinator_rtt_us.len() != n {
             return Err(format!("coordinator_rtt_us: expected {n} values"));
         }
@@ -234,6 +254,19 @@ mod tests {
         )
         .unwrap_err();
         assert!(e.contains("memory_bytes -1"), "{e}");
+        // An engine's costs come in the file too, and are checked.
+        let node = r#"{"name": "a", "memory_bytes": 1, "decode_bytes_per_s": 1, "prefill_bytes_per_s": 1}"#;
+        let ok = format!(
+            r#"{{"nodes": [{node}], "rtt_us": 1, "bytes_per_s": 1, "engine": {{"sync_overhead_us": 40, "handoff": {{"star": {{"round_trips": 3}}}}}}}}"#
+        );
+        let c = ClusterProfile::from_json(&ok).unwrap();
+        assert_eq!(c.engine.sync_overhead_us, 40.0);
+        assert_eq!(c.engine.segment_bytes, 65536.0, "unnamed costs stay weft's");
+        let bad = format!(
+            r#"{{"nodes": [{node}], "rtt_us": 1, "bytes_per_s": 1, "engine": {{"per_message_us": -3}}}}"#
+        );
+        let e = ClusterProfile::from_json(&bad).unwrap_err();
+        assert!(e.starts_with("engine.per_message_us"), "{e}");
     }
 
     #[test]

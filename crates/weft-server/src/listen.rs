@@ -40,6 +40,12 @@ impl Default for Limits {
     }
 }
 
+/// How long shutdown waits for open responses to finish.
+const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
+
+/// Answers over the cap in flight at once; past them a connection is closed unanswered.
+const REFUSALS: usize = 64;
+
 /// Descriptors kept free of connections: model files, logs, the batcher's channels.
 const RESERVED_FDS: u64 = 256;
 
@@ -79,6 +85,9 @@ pub async fn serve_limited(
     shutdown: impl Future<Output = ()>,
 ) -> std::io::Result<()> {
     let slots = Arc::new(Semaphore::new(limits.max_connections));
+    // Answers over the cap hold a descriptor for up to two seconds each: bounded too, so a
+    // flood cannot take the descriptors model files and logs need.
+    let refusals = Arc::new(Semaphore::new(REFUSALS));
     let (stop_tx, stop_rx) = watch::channel(false);
     let mut shutdown = pin!(shutdown);
     loop {
@@ -96,7 +105,12 @@ pub async fn serve_limited(
         };
         let _ = stream.set_nodelay(true);
         let Ok(slot) = slots.clone().try_acquire_owned() else {
-            tokio::spawn(at_capacity(stream, limits));
+            if let Ok(r) = refusals.clone().try_acquire_owned() {
+                tokio::spawn(async move {
+                    at_capacity(stream, limits).await;
+                    drop(r);
+                });
+            }
             continue;
         };
         let service = TowerToHyperService::new(
@@ -113,23 +127,42 @@ pub async fn serve_limited(
                 .serve_connection(TokioIo::new(stream), service)
                 .with_upgrades();
             let mut conn = pin!(conn);
-            loop {
-                tokio::select! {
-                    _ = conn.as_mut() => break,
-                    changed = stop.changed() => {
-                        if changed.is_err() || *stop.borrow() {
-                            conn.as_mut().graceful_shutdown();
-                        }
-                    }
+            tokio::select! {
+                _ = conn.as_mut() => {}
+                _ = stop_requested(&mut stop) => {
+                    conn.as_mut().graceful_shutdown();
+                    let _ = conn.as_mut().await;
                 }
             }
             drop(slot);
         });
     }
+    // No new connections while the open ones finish.
+    drop(listener);
     let _ = stop_tx.send(true);
-    // Every slot back: each open connection has finished.
-    let _ = slots.acquire_many(limits.max_connections as u32).await;
+    // Every slot back: each open connection has finished; a client that stopped reading
+    // its stream does not hold the exit up past the grace.
+    let all = slots.acquire_many(limits.max_connections as u32);
+    if tokio::time::timeout(SHUTDOWN_GRACE, all).await.is_err() {
+        tracing::warn!(
+            "{} connections still open after {} s; closing",
+            limits.max_connections - slots.available_permits(),
+            SHUTDOWN_GRACE.as_secs()
+        );
+    }
     Ok(())
+}
+
+/// Resolves once shutdown is asked for (never, if the loop is gone without asking).
+async fn stop_requested(rx: &mut watch::Receiver<bool>) {
+    loop {
+        if *rx.borrow_and_update() {
+            return;
+        }
+        if rx.changed().await.is_err() {
+            std::future::pending::<()>().await;
+        }
+    }
 }
 
 /// A connection over the cap: `/health` still gets its 200 (a supervisor must not restart
@@ -142,6 +175,15 @@ async fn at_capacity(mut stream: TcpStream, limits: Limits) {
         .and_then(Result::ok)
         .unwrap_or(0);
     let health = head[..n].starts_with(b"GET /health ");
+    // Read what else the client sent (briefly), so closing does not reset the connection
+    // before it reads the answer.
+    let mut rest = [0u8; 4096];
+    for _ in 0..16 {
+        match tokio::time::timeout(Duration::from_millis(20), stream.read(&mut rest)).await {
+            Ok(Ok(n)) if n > 0 => continue,
+            _ => break,
+        }
+    }
     let (status, body) = if health {
         (
             "200 OK",

@@ -127,7 +127,7 @@ pub fn run(a: ServeArgs) -> Result<()> {
     // Raise the descriptor limit first: the cap must fit under what the process may open.
     let limits = weft_server::Limits {
         max_connections: weft_server::fit_connections(a.max_connections.max(1)),
-        header_timeout: std::time::Duration::from_secs_f64(a.header_timeout.max(0.1)),
+        header_timeout: std::time::Duration::from_secs_f64(a.header_timeout.clamp(0.1, 3600.0)),
     };
     outln!("listening on http://{addr}")?;
     std::io::stdout().flush()?;
