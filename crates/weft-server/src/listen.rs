@@ -192,10 +192,13 @@ async fn at_capacity(mut stream: TcpStream, limits: Limits) {
     } else {
         (
             "503 Service Unavailable",
-            format!(
-                r#"{{"error":{{"message":"the server has {} connections open, its limit; try again","type":"service_unavailable","param":null,"code":"too_many_connections"}}}}"#,
+            crate::error::ApiError::unavailable(format!(
+                "the server has {} connections open, its limit; try again",
                 limits.max_connections
-            ),
+            ))
+            .with_code("too_many_connections")
+            .body()
+            .to_string(),
         )
     };
     let reply = format!(
