@@ -11,7 +11,7 @@ cd "$(dirname "$0")/.."
 runs=${1:-1000000}
 shift || true
 targets=("$@")
-[ ${#targets[@]} -gt 0 ] || targets=(gguf frame control request template)
+[ ${#targets[@]} -gt 0 ] || targets=(gguf frame handshake control request template)
 command -v cargo-fuzz >/dev/null || cargo install cargo-fuzz --locked
 lscpu | grep "Model name"
 for t in "${targets[@]}"; do

@@ -18,6 +18,10 @@ use crate::step::{
     reply_bytes, StepHeader, KIND_BATCH, KIND_RUN, KIND_STOP, SPAN_LOGITS, SPAN_RESET, STATS_BYTES,
 };
 
+/// How long a node has to answer a dial after a data-plane error before it is the one
+/// named lost.
+const LOST_PROBE: Duration = Duration::from_millis(500);
+
 #[derive(Clone, Debug)]
 pub struct ClusterOptions {
     pub secret: Vec<u8>,
@@ -79,6 +83,8 @@ pub struct Cluster {
     id_bytes: Vec<u8>,
     span_bytes: Vec<u8>,
     stopped: bool,
+    /// The node the last data-plane error named, if any.
+    blamed: Option<String>,
 }
 
 /// One token's logits as the coordinator sees them: the merged top-k of the vocabulary
@@ -232,6 +238,7 @@ impl Cluster {
             opts,
             pos: 0,
             stopped: false,
+            blamed: None,
         })
     }
 
@@ -257,16 +264,38 @@ impl Cluster {
             .collect()
     }
 
-    /// Names the node behind a data-plane error.
-    fn lost(&self, e: CommError) -> ModelError {
-        let who = e
-            .lost_rank()
-            .filter(|&r| r >= 1 && r <= self.peers.len())
-            .map(|r| format!("node {} (rank {r})", self.peers[r - 1]));
-        ModelError::Collective(match who {
-            Some(w) => format!("{w} was lost: {e}"),
+    /// Names the node behind a data-plane error. The rank an error blames may only have
+    /// failed because its own peer did (and a survivor ends its session, closing its
+    /// links, as soon as it notices), so the nodes are asked first: one that no longer
+    /// answers a dial is the lost one. Only if all answer does the error's word stand.
+    fn lost(&mut self, e: CommError) -> ModelError {
+        let gone = (1..=self.peers.len()).find(|&r| {
+            crate::control::dial(&self.peers[r - 1], &self.opts.secret, LOST_PROBE).is_err()
+        });
+        let rank = gone
+            .or(e.lost_rank())
+            .filter(|&r| r >= 1 && r <= self.peers.len());
+        self.blamed = rank.map(|r| self.peers[r - 1].clone());
+        ModelError::Collective(match rank {
+            Some(r) => format!("node {} (rank {r}) was lost: {e}", self.peers[r - 1]),
             None => e.to_string(),
         })
+    }
+
+    /// The node the last data-plane error named, if any.
+    pub fn lost_peer(&self) -> Option<&str> {
+        self.blamed.as_deref()
+    }
+
+    /// The nodes' addresses, in rank order.
+    pub fn peers(&self) -> &[String] {
+        &self.peers
+    }
+
+    /// Drops a cluster that failed without the stop exchange: its sockets close, so every
+    /// node still running ends its session and waits for the next coordinator.
+    pub fn abandon(mut self) {
+        self.stopped = true;
     }
 
     fn run(&mut self, tokens: &[u32], pos0: usize) -> Result<(), ModelError> {

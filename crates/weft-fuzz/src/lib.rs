@@ -38,6 +38,45 @@ pub fn frame(data: &[u8]) {
     }
 }
 
+/// The whole authenticated handshake over a real loopback socket, against a peer that
+/// sends these bytes and then closes its side: the first byte picks whether weft accepts
+/// (as a node does) or dials (as a coordinator does); the rest is what the peer says.
+/// Covers the hello checks, the key exchange on garbage, the proofs and the verdicts.
+pub fn handshake(data: &[u8]) {
+    use std::io::Write;
+    use std::net::{Shutdown, TcpListener, TcpStream};
+    use std::time::Duration;
+    use weft_comm::handshake::{handshake, Hello};
+    let Some((&side, said)) = data.split_first() else {
+        return;
+    };
+    static LISTENER: OnceLock<Option<TcpListener>> = OnceLock::new();
+    let Some(l) = LISTENER
+        .get_or_init(|| TcpListener::bind("127.0.0.1:0").ok())
+        .as_ref()
+    else {
+        return;
+    };
+    let Ok(addr) = l.local_addr() else { return };
+    let Ok(mut peer) = TcpStream::connect(addr) else {
+        return;
+    };
+    let Ok((mut ours, _)) = l.accept() else {
+        return;
+    };
+    // Whatever weft sends fits the socket buffers (a handshake is under 300 bytes), so
+    // the peer can say everything first and close.
+    let _ = peer.write_all(said);
+    let _ = peer.shutdown(Shutdown::Write);
+    let secret = b"fuzz-secret-0123456789-abcdefghijklmnop";
+    let timeout = Duration::from_secs(2);
+    let _ = if side & 1 == 0 {
+        handshake(&mut ours, &Hello::new(1, 2), secret, None, timeout)
+    } else {
+        handshake(&mut ours, &Hello::new(0, 2), secret, Some(1), timeout)
+    };
+}
+
 /// A control message from a coordinator or a node, and a membership message.
 pub fn control(data: &[u8]) {
     let _ = serde_json::from_slice::<weft_cluster::control::ToNode>(data);
@@ -97,9 +136,10 @@ pub fn template(data: &[u8]) {
 pub type Target = fn(&[u8]);
 
 /// The targets by name, as `fuzz/` and the corpus tests call them.
-pub const TARGETS: [(&str, Target); 5] = [
+pub const TARGETS: [(&str, Target); 6] = [
     ("gguf", gguf),
     ("frame", frame),
+    ("handshake", handshake),
     ("control", control),
     ("request", request),
     ("template", template),

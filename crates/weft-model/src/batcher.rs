@@ -28,6 +28,10 @@ pub trait BatchBackend {
     fn max_rows(&self) -> usize;
     /// Forgets slot `slot`'s sequence so a new one can start there.
     fn reset(&mut self, slot: usize) -> Result<(), ModelError>;
+    /// Slot `slot`'s sequence has ended (finished, cancelled or failed): nothing will
+    /// run in it until the next `reset`. A backend that keeps what each slot ran (to
+    /// rebuild it elsewhere) may drop it now.
+    fn release(&mut self, _slot: usize) {}
     /// Runs `tokens`, laid out as `spans` (each naming a slot), through the model.
     fn step(&mut self, tokens: &[u32], spans: &[SeqSpan]) -> Result<(), ModelError>;
     /// The logits of the `i`-th span that asked for them in the last step.
@@ -379,12 +383,13 @@ impl<B: BatchBackend> Batcher<B> {
     }
 
     /// Drops finished and cancelled sequences, returning their slots.
-    fn release(&self, active: &mut Vec<Active<'_>>, free: &mut Vec<usize>) {
+    fn release(&mut self, active: &mut Vec<Active<'_>>, free: &mut Vec<usize>) {
         active.retain(|a| {
             if a.gone {
                 if !a.seq.is_finished() && !a.failed {
                     self.stats.cancelled.fetch_add(1, Ordering::Relaxed);
                 }
+                self.backend.release(a.slot);
                 free.push(a.slot);
             }
             !a.gone

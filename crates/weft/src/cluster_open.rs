@@ -112,6 +112,21 @@ pub fn open(
         };
         (order, request, Some((best, survey)))
     } else {
+        // A full shape (--tp and --pp) over more nodes than it needs runs on the first
+        // ones; the others are spares a re-plan after a lost node can take.
+        let ep = l.ep.unwrap_or(l.ep_weights.len().max(1));
+        let mut peers = peers;
+        if let (Some(tp), Some(pp)) = (l.tp, l.pp) {
+            let needed = tp * pp * ep;
+            if needed > 0 && needed < peers.len() {
+                eprintln!(
+                    "using {needed} of {} nodes ({}); the others are spares",
+                    peers.len(),
+                    peers[..needed].join(", ")
+                );
+                peers.truncate(needed);
+            }
+        }
         let request = LayoutRequest {
             nodes: peers.len(),
             tp: l.tp,

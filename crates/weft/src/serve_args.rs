@@ -46,6 +46,11 @@ pub struct ServeArgs {
     /// of its context).
     #[arg(long, default_value_t = weft_server::DEFAULT_MAX_TOKENS)]
     pub default_max_tokens: usize,
+    /// With a cluster: seconds to keep trying to form it again after a node is lost
+    /// (from the nodes that answer, or with the lost one once it is back) before the
+    /// running requests fail with 503.
+    #[arg(long, default_value_t = 60.0)]
+    pub resume_wait: f64,
     /// The model id the API reports and expects (default: the file's name).
     #[arg(long)]
     pub model_id: Option<String>,

@@ -1,22 +1,28 @@
 //! `weft serve` as a cluster's coordinator: the batcher drives the cluster's batched
 //! steps (every node holds a KV cache per slot, and a step's sequences cross the nodes as
-//! one batch), and `/v1/cluster` describes its nodes, shards and links. A lost node fails
-//! the requests of that step with 503; the next request forms the cluster again.
+//! one batch), and `/v1/cluster` describes its nodes, shards, links and lost nodes. A lost
+//! node pauses the running requests while the cluster forms again from the nodes that
+//! answer and their caches are rebuilt (weft-cluster's `Resuming`); only when none can be
+//! formed within `--resume-wait` do they fail with 503.
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
-use anyhow::{Context, Result};
+use std::time::Duration;
+
+use anyhow::{bail, Context, Result};
 use serde_json::{json, Value};
+use weft_cluster::discovery::{self, State};
 use weft_cluster::local::LocalNodes;
-use weft_cluster::Cluster;
+use weft_cluster::{Cluster, Former, ResumeEvent, ResumeOptions, Resuming};
 use weft_gguf::GgufFile;
-use weft_model::{BatchBackend, BatchOptions, ModelError, SeqSpan};
+use weft_model::BatchOptions;
 use weft_server::{ChatTemplate, ClusterView, EngineHandle};
 use weft_tokenizer::Tokenizer;
 
 use crate::chat_template::chat_template;
 use crate::cluster_open::{open, Opened};
+use crate::cluster_secret::secret_from;
 use crate::layout_args::LayoutArgs;
 use crate::serve_args::ServeArgs;
 use weft_cluster::survey::Survey;
@@ -32,15 +38,24 @@ type Started = (
 /// Each rank sends its slice's top 64 (OpenAI asks for at most 20) and its normalizer.
 const TOP_K: usize = 64;
 
-/// What `/v1/cluster` reports: the cluster as it last formed.
-struct ClusterInfo(Arc<Mutex<Value>>);
+/// What `/v1/cluster` reports: the cluster as it last formed, and every lost node and
+/// what was done about it.
+struct ClusterInfo {
+    described: Arc<Mutex<Value>>,
+    events: Arc<Mutex<Vec<ResumeEvent>>>,
+}
 
 impl ClusterView for ClusterInfo {
     fn describe(&self) -> Value {
-        self.0
+        let mut v = self
+            .described
             .lock()
             .map(|v| v.clone())
-            .unwrap_or_else(|_| json!({"mode": "cluster"}))
+            .unwrap_or_else(|_| json!({"mode": "cluster"}));
+        if let (Some(o), Ok(e)) = (v.as_object_mut(), self.events.lock()) {
+            o.insert("resumes".into(), json!(*e));
+        }
+        v
     }
 }
 
@@ -84,29 +99,41 @@ fn describe(cluster: &Cluster) -> Value {
     })
 }
 
-/// The cluster behind the batcher, formed again after it failed: with `--nodes` that
-/// starts fresh local nodes, with `--peers` it dials the nodes again (one restarted by its
-/// owner rejoins). While it cannot be formed, requests fail with 503 saying why.
-struct Reforming {
+/// How `weft serve` forms its cluster again after a node is lost: with `--nodes` it starts
+/// a fresh set of local nodes; with `--peers` it dials every peer, keeps those that answer
+/// (a lost one restarted by its owner answers again) and forms the layout over them.
+struct ServeFormer {
     layout: LayoutArgs,
     path: PathBuf,
     ctx: usize,
     slots: usize,
-    n_ctx: usize,
-    max_rows: usize,
-    live: Option<(Cluster, Option<LocalNodes>)>,
+    local: Option<LocalNodes>,
     described: Arc<Mutex<Value>>,
-    /// Handed out by `logits` if asked with no cluster (the batcher never does).
-    empty: Vec<f32>,
 }
 
-impl Reforming {
-    fn take(
+/// How long a peer has to answer a probe before a re-plan leaves it out.
+const PROBE_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// How long a re-plan waits for the answering peers' member lists.
+const MEMBERS_WAIT: Duration = Duration::from_millis(300);
+
+impl ServeFormer {
+    fn take(&mut self, opened: Opened) -> Cluster {
+        let Opened {
+            cluster,
+            _local: local,
+            planned,
+            ..
+        } = opened;
+        self.take_parts(cluster, local, planned)
+    }
+
+    fn take_parts(
         &mut self,
         cluster: Cluster,
         local: Option<LocalNodes>,
         planned: Option<(Candidate, Survey)>,
-    ) {
+    ) -> Cluster {
         if let Ok(mut d) = self.described.lock() {
             *d = describe(&cluster);
             // What the planner chose and the measurements it chose from (only when the
@@ -118,54 +145,72 @@ impl Reforming {
                 });
             }
         }
-        self.live = Some((cluster, local));
+        self.local = local;
+        cluster
     }
 
-    fn cluster(&mut self) -> Result<&mut Cluster, ModelError> {
-        if self.live.is_none() {
-            eprintln!("weft serve: forming the cluster again");
-            let opened = open(&self.layout, &self.path, self.ctx, TOP_K, true, self.slots)
-                .map_err(|e| ModelError::Collective(format!("the cluster is down: {e:#}")))?;
-            self.take(opened.cluster, opened._local, opened.planned);
+    /// The peers that answer an authenticated dial now, in the order given, then any
+    /// other member their member lists know to be up (a node started since with `--join`).
+    fn answering(&self) -> Result<Vec<String>, String> {
+        let secret = secret_from(&self.layout.secret).map_err(|e| format!("{e:#}"))?;
+        let mut up: Vec<String> = self
+            .layout
+            .peers
+            .iter()
+            .filter(|p| weft_cluster::control::dial(p, secret.as_bytes(), PROBE_TIMEOUT).is_ok())
+            .cloned()
+            .collect();
+        // A full shape needs only so many; the member lists are asked only for more.
+        let l = &self.layout;
+        let needed = match (l.tp, l.pp) {
+            (Some(t), Some(p)) => t * p * l.ep.unwrap_or(l.ep_weights.len().max(1)),
+            _ => usize::MAX,
+        };
+        if !up.is_empty() && up.len() < needed {
+            // The membership stops watching when dropped.
+            if let Ok((_, members)) =
+                discovery::discover(secret.as_bytes(), &up, false, MEMBERS_WAIT)
+            {
+                for x in members {
+                    if x.state == State::Up && !up.contains(&x.addr) {
+                        up.push(x.addr);
+                    }
+                }
+            }
         }
-        self.live
-            .as_mut()
-            .map(|(c, _)| c)
-            .ok_or_else(|| ModelError::Collective("the cluster is down".into()))
+        if up.is_empty() {
+            return Err(format!(
+                "none of the {} nodes answers",
+                self.layout.peers.len()
+            ));
+        }
+        Ok(up)
     }
 }
 
-impl BatchBackend for Reforming {
-    fn n_ctx(&self) -> usize {
-        self.n_ctx
-    }
-    fn slots(&self) -> usize {
-        self.slots
-    }
-    fn max_rows(&self) -> usize {
-        self.max_rows
-    }
-    fn reset(&mut self, slot: usize) -> Result<(), ModelError> {
-        BatchBackend::reset(self.cluster()?, slot)
-    }
-    fn step(&mut self, tokens: &[u32], spans: &[SeqSpan]) -> Result<(), ModelError> {
-        let r = BatchBackend::step(self.cluster()?, tokens, spans);
-        if r.is_err() {
-            // Stop what is left of it (and its local nodes); the next request re-forms it.
-            self.live = None;
+impl Former for ServeFormer {
+    fn form(&mut self, lost: &[String]) -> Result<Cluster, String> {
+        // Local nodes are replaced whole: stop what is left of the old set first.
+        self.local = None;
+        let mut layout = self.layout.clone();
+        if !layout.peers.is_empty() {
+            layout.peers = self.answering()?;
+            let left_out: Vec<&String> = self
+                .layout
+                .peers
+                .iter()
+                .filter(|p| !layout.peers.contains(p))
+                .collect();
+            eprintln!(
+                "weft serve: forming the cluster over {} (lost: {lost:?}; not answering: {left_out:?})",
+                layout.peers.join(", ")
+            );
+        } else {
+            eprintln!("weft serve: forming the cluster again");
         }
-        r
-    }
-    fn logits(&mut self, i: usize) -> &mut [f32] {
-        match self.live.as_mut() {
-            Some((c, _)) => BatchBackend::logits(c, i),
-            None => &mut self.empty,
-        }
-    }
-    fn log_normalizer(&self, i: usize) -> Option<f32> {
-        self.live
-            .as_ref()
-            .and_then(|(c, _)| BatchBackend::log_normalizer(c, i))
+        let opened = open(&layout, &self.path, self.ctx, TOP_K, true, self.slots)
+            .map_err(|e| format!("{e:#}"))?;
+        Ok(self.take(opened))
     }
 }
 
@@ -182,24 +227,33 @@ pub fn start(a: &ServeArgs, path: &Path, opts: BatchOptions) -> Result<Started> 
     } = opened;
     let tokenizer = Arc::new(tokenizer);
     let described = Arc::new(Mutex::new(Value::Null));
-    let mut backend = Reforming {
+    let mut former = ServeFormer {
         layout: a.layout.clone(),
         path: path.to_path_buf(),
         ctx: a.ctx,
-        slots: BatchBackend::slots(&cluster),
-        n_ctx: BatchBackend::n_ctx(&cluster),
-        max_rows: BatchBackend::max_rows(&cluster),
-        live: None,
+        slots: opts.max_seqs,
+        local: None,
         described: described.clone(),
-        empty: Vec::new(),
     };
-    backend.take(cluster, local, planned);
+    let first = former.take_parts(cluster, local, planned);
+    if !(a.resume_wait.is_finite() && a.resume_wait >= 0.0) {
+        bail!(
+            "--resume-wait {} must be a number of seconds >= 0",
+            a.resume_wait
+        );
+    }
+    let resume = ResumeOptions {
+        wait: Duration::from_secs_f64(a.resume_wait.min(86_400.0)),
+        ..ResumeOptions::default()
+    };
+    let backend = Resuming::new(first, former, resume);
+    let events = backend.events();
     let handle = EngineHandle::start(backend, tokenizer.clone(), opts)
         .context("starting the batcher thread")?;
     Ok((
         handle,
         tokenizer,
         template,
-        Box::new(ClusterInfo(described)),
+        Box::new(ClusterInfo { described, events }),
     ))
 }

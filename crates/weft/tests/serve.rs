@@ -4,15 +4,13 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 
 use serde_json::Value;
 
-use common::{real_model, GEMMA3_TOL};
-
-const KEY: &str = "test-key-123";
+use common::real_model;
+use common::server::{assert_same_greedy, complete, post, Server};
 
 /// A Python with the `openai` package: WEFT_PYTHON, the venv `.ci/run` makes, or python3.
 /// Missing is a skip, or a failure where WEFT_REQUIRE_OPENAI=1 (as CI sets).
@@ -39,84 +37,6 @@ fn python() -> Option<PathBuf> {
     );
     eprintln!("skipping: no Python with the openai package (pip install openai)");
     None
-}
-
-struct Server {
-    child: Child,
-    url: String,
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-impl Server {
-    fn start(model: &Path, extra: &[&str]) -> Server {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_weft"))
-            .args(["serve", "--port", "0", "--api-key", KEY, "--ctx", "1024"])
-            .arg("--model")
-            .arg(model)
-            .args(extra)
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .expect("starting weft serve");
-        let out = child.stdout.take().expect("server stdout");
-        let mut line = String::new();
-        BufReader::new(out).read_line(&mut line).unwrap();
-        let url = line
-            .trim()
-            .strip_prefix("listening on ")
-            .unwrap_or_else(|| panic!("weft serve printed {line:?}"))
-            .to_string();
-        Server { child, url }
-    }
-
-    fn rss_kb(&self) -> u64 {
-        let s = std::fs::read_to_string(format!("/proc/{}/status", self.child.id())).unwrap();
-        s.lines()
-            .find(|l| l.starts_with("VmRSS:"))
-            .and_then(|l| l.split_whitespace().nth(1))
-            .and_then(|v| v.parse().ok())
-            .unwrap()
-    }
-
-    fn curl(&self, args: &[&str]) -> (String, String) {
-        let out = Command::new("curl")
-            .args(["-sS", "-H", &format!("Authorization: Bearer {KEY}")])
-            .args(args)
-            .output()
-            .expect("running curl");
-        (
-            String::from_utf8_lossy(&out.stdout).into_owned(),
-            String::from_utf8_lossy(&out.stderr).into_owned(),
-        )
-    }
-
-    fn get(&self, path: &str) -> Value {
-        let (body, err) = self.curl(&[&format!("{}{path}", self.url)]);
-        serde_json::from_str(&body).unwrap_or_else(|e| panic!("GET {path}: {e}: {body} {err}"))
-    }
-
-    fn client(&self, py: &Path, args: &[&str]) -> Value {
-        let out = Command::new(py)
-            .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/openai_client.py"))
-            .arg(format!("{}/v1", self.url))
-            .args([KEY, "gemma-3-270m-q4_k_m"])
-            .args(args)
-            .output()
-            .expect("running the openai client");
-        assert!(
-            out.status.success(),
-            "openai client {args:?} failed:\n{}\n{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        );
-        serde_json::from_slice(&out.stdout).unwrap()
-    }
 }
 
 #[test]
@@ -251,56 +171,8 @@ fn a_client_that_hangs_up_frees_its_slot() {
     );
 }
 
-/// The JSON answer to a POST of `body` to `path`.
-fn post(s: &Server, path: &str, body: &Value) -> Value {
-    let (out, err) = s.curl(&[
-        "-H",
-        "Content-Type: application/json",
-        "-d",
-        &body.to_string(),
-        &format!("{}{path}", s.url),
-    ]);
-    serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}: {out} {err}"))
-}
-
-/// Greedy completion of `prompt` with the top five logprobs of each token.
-fn complete(s: &Server, prompt: &str) -> Value {
-    let body = serde_json::json!({
-        "model": "gemma-3-270m-q4_k_m", "prompt": prompt, "max_tokens": 16,
-        "temperature": 0, "logprobs": 5,
-    });
-    post(s, "/v1/completions", &body)
-}
-
-/// Equal tokens up to a part, and at the part each run's token within [`GEMMA3_TOL`] of
-/// the best in the other's top logprobs (TP sums in another order); the cluster tests'
-/// rule.
-fn assert_same_greedy(what: &str, alone: &Value, got: &Value) {
-    let lp = |v: &Value| v["choices"][0]["logprobs"].clone();
-    let (a, b) = (lp(alone), lp(got));
-    let (ta, tb) = (
-        a["tokens"].as_array().unwrap(),
-        b["tokens"].as_array().unwrap(),
-    );
-    assert_eq!(ta.len(), tb.len(), "{what}: {got} vs {alone}");
-    if let Some(at) = (0..ta.len()).find(|&i| ta[i] != tb[i]) {
-        // How far `token` is behind the best of `run`'s top logprobs at the part.
-        let behind = |run: &Value, token: &Value| {
-            let top = run["top_logprobs"][at].as_object()?;
-            let best = top.values().filter_map(Value::as_f64).reduce(f64::max)?;
-            Some(best - top.get(token.as_str()?)?.as_f64()?)
-        };
-        let (in_alone, in_got) = (behind(&a, &tb[at]), behind(&b, &ta[at]));
-        assert!(
-            in_alone.is_some_and(|g| g < GEMMA3_TOL) && in_got.is_some_and(|g| g < GEMMA3_TOL),
-            "{what}: parts at token {at}, the other's token {in_alone:?} / {in_got:?} behind: \
-             {got} vs {alone}"
-        );
-    }
-}
-
 #[test]
-fn a_cluster_batches_requests_a_lost_node_is_503_and_the_cluster_re_forms() {
+fn a_cluster_batches_requests_and_forms_again_after_a_lost_node() {
     let Some(model) = real_model() else {
         return;
     };
@@ -337,43 +209,34 @@ fn a_cluster_batches_requests_a_lost_node_is_503_and_the_cluster_re_forms() {
         if layout[2] != "--tp" {
             continue;
         }
-        // Kill one node: the next request is a 503 naming it.
+        // Kill one node while idle: the next request's step finds it lost, the cluster
+        // forms again (fresh local nodes), and the request is served all the same.
         let pid = s.child.id();
         let children = std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children")).unwrap();
         let node: i32 = children.split_whitespace().next().unwrap().parse().unwrap();
         // SAFETY: signalling a child process of ours by pid.
         unsafe { libc::kill(node, libc::SIGKILL) };
-        let body = r#"{"model":"gemma-3-270m-q4_k_m","prompt":"Hi","max_tokens":4}"#;
-        let (out, _) = s.curl(&[
-            "-w",
-            "\n%{http_code}",
-            "-H",
-            "Content-Type: application/json",
-            "-d",
-            body,
-            &format!("{}/v1/completions", s.url),
-        ]);
-        let (json_body, code) = out.rsplit_once('\n').unwrap();
-        assert_eq!(code, "503", "{out}");
-        let v: Value = serde_json::from_str(json_body).unwrap();
-        let msg = v["error"]["message"].as_str().unwrap_or("");
-        let addrs: Vec<&str> = info["nodes"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .filter_map(|n| n["address"].as_str())
-            .collect();
-        assert!(
-            addrs.iter().any(|a| msg.contains(a)),
-            "the error names no node of {addrs:?}: {msg}"
-        );
-        // The next request forms the cluster again (fresh local nodes) and is served.
         let again = complete(&s, prompts[0]);
         assert_same_greedy(&format!("{what}, re-formed"), &alone[0], &again);
         let after = s.get("/v1/cluster");
         assert_ne!(
             after["nodes"], info["nodes"],
             "the same nodes after re-forming"
+        );
+        let addrs: Vec<&str> = info["nodes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter_map(|n| n["address"].as_str())
+            .collect();
+        let resumes = after["resumes"].as_array().unwrap();
+        assert_eq!(resumes.len(), 1, "{after}");
+        assert_eq!(resumes[0]["resumed"], true, "{after}");
+        let lost = resumes[0]["lost"].to_string();
+        assert!(
+            addrs.iter().any(|a| lost.contains(a)),
+            "the report names no node of {addrs:?}: {}",
+            resumes[0]
         );
     }
 }

@@ -8,6 +8,8 @@ use std::process::{Child, Command, Output, Stdio};
 
 use serde_json::Value;
 
+pub mod server;
+
 /// How far one token's logprob moves on Gemma 3 270M when only the summation order
 /// changes: its activations have large outliers, so another order flips a few 8-bit
 /// activation roundings per layer. Measured, the first greedy token's logprob for "The
@@ -157,6 +159,11 @@ pub fn test_model_dirs() -> String {
 
 /// A `weft node` on `listen`, with the address it printed.
 pub fn start_node(listen: &str, secret: &str) -> (Child, String) {
+    start_node_with(listen, secret, &[])
+}
+
+/// A `weft node` on `listen` with `extra` flags, with the address it printed.
+pub fn start_node_with(listen: &str, secret: &str, extra: &[&str]) -> (Child, String) {
     let mut c = Command::new(env!("CARGO_BIN_EXE_weft"))
         .args([
             "node",
@@ -169,6 +176,7 @@ pub fn start_node(listen: &str, secret: &str) -> (Child, String) {
             "--models-dir",
             &test_model_dirs(),
         ])
+        .args(extra)
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
         .spawn()

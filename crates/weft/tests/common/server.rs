@@ -1,0 +1,151 @@
+//! A `weft serve` process for tests: started on a free port with an API key, driven with
+//! curl, and its greedy answers compared under the near-tie rule.
+
+use std::io::{BufRead, BufReader};
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+
+use serde_json::Value;
+
+use super::GEMMA3_TOL;
+
+pub const KEY: &str = "test-key-123";
+
+pub struct Server {
+    pub child: Child,
+    pub url: String,
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Server {
+    /// `weft serve` of `model` with `extra` flags (a 1,024-token context unless they set
+    /// `--ctx`).
+    pub fn start(model: &Path, extra: &[&str]) -> Server {
+        let ctx: &[&str] = if extra.contains(&"--ctx") {
+            &[]
+        } else {
+            &["--ctx", "1024"]
+        };
+        let mut child = Command::new(env!("CARGO_BIN_EXE_weft"))
+            .args(["serve", "--port", "0", "--api-key", KEY])
+            .args(ctx)
+            .arg("--model")
+            .arg(model)
+            .args(extra)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("starting weft serve");
+        let out = child.stdout.take().expect("server stdout");
+        let mut line = String::new();
+        BufReader::new(out).read_line(&mut line).unwrap();
+        let url = line
+            .trim()
+            .strip_prefix("listening on ")
+            .unwrap_or_else(|| panic!("weft serve printed {line:?}"))
+            .to_string();
+        Server { child, url }
+    }
+
+    pub fn rss_kb(&self) -> u64 {
+        let s = std::fs::read_to_string(format!("/proc/{}/status", self.child.id())).unwrap();
+        s.lines()
+            .find(|l| l.starts_with("VmRSS:"))
+            .and_then(|l| l.split_whitespace().nth(1))
+            .and_then(|v| v.parse().ok())
+            .unwrap()
+    }
+
+    pub fn curl(&self, args: &[&str]) -> (String, String) {
+        let out = Command::new("curl")
+            .args(["-sS", "-H", &format!("Authorization: Bearer {KEY}")])
+            .args(args)
+            .output()
+            .expect("running curl");
+        (
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    }
+
+    pub fn get(&self, path: &str) -> Value {
+        let (body, err) = self.curl(&[&format!("{}{path}", self.url)]);
+        serde_json::from_str(&body).unwrap_or_else(|e| panic!("GET {path}: {e}: {body} {err}"))
+    }
+
+    pub fn client(&self, py: &Path, args: &[&str]) -> Value {
+        let out = Command::new(py)
+            .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/openai_client.py"))
+            .arg(format!("{}/v1", self.url))
+            .args([KEY, "gemma-3-270m-q4_k_m"])
+            .args(args)
+            .output()
+            .expect("running the openai client");
+        assert!(
+            out.status.success(),
+            "openai client {args:?} failed:\n{}\n{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        serde_json::from_slice(&out.stdout).unwrap()
+    }
+}
+
+/// The JSON answer to a POST of `body` to `path`.
+pub fn post(s: &Server, path: &str, body: &Value) -> Value {
+    let (out, err) = s.curl(&[
+        "-H",
+        "Content-Type: application/json",
+        "-d",
+        &body.to_string(),
+        &format!("{}{path}", s.url),
+    ]);
+    serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}: {out} {err}"))
+}
+
+/// Greedy completion of `prompt` with the top five logprobs of each token.
+pub fn complete(s: &Server, prompt: &str) -> Value {
+    complete_n(s, prompt, 16)
+}
+
+/// Greedy completion of `prompt`, `n` tokens, with the top five logprobs of each.
+pub fn complete_n(s: &Server, prompt: &str, n: usize) -> Value {
+    let body = serde_json::json!({
+        "model": "gemma-3-270m-q4_k_m", "prompt": prompt, "max_tokens": n,
+        "temperature": 0, "logprobs": 5,
+    });
+    post(s, "/v1/completions", &body)
+}
+
+/// Equal tokens up to a part, and at the part each run's token within [`GEMMA3_TOL`] of
+/// the best in the other's top logprobs (TP sums in another order); the cluster tests'
+/// rule.
+pub fn assert_same_greedy(what: &str, alone: &Value, got: &Value) {
+    let lp = |v: &Value| v["choices"][0]["logprobs"].clone();
+    let (a, b) = (lp(alone), lp(got));
+    let (ta, tb) = (
+        a["tokens"].as_array().unwrap(),
+        b["tokens"].as_array().unwrap(),
+    );
+    assert_eq!(ta.len(), tb.len(), "{what}: {got} vs {alone}");
+    if let Some(at) = (0..ta.len()).find(|&i| ta[i] != tb[i]) {
+        // How far `token` is behind the best of `run`'s top logprobs at the part.
+        let behind = |run: &Value, token: &Value| {
+            let top = run["top_logprobs"][at].as_object()?;
+            let best = top.values().filter_map(Value::as_f64).reduce(f64::max)?;
+            Some(best - top.get(token.as_str()?)?.as_f64()?)
+        };
+        let (in_alone, in_got) = (behind(&a, &tb[at]), behind(&b, &ta[at]));
+        assert!(
+            in_alone.is_some_and(|g| g < GEMMA3_TOL) && in_got.is_some_and(|g| g < GEMMA3_TOL),
+            "{what}: parts at token {at}, the other's token {in_alone:?} / {in_got:?} behind: \
+             {got} vs {alone}"
+        );
+    }
+}
