@@ -28,6 +28,10 @@ pub fn model_profile(file: &GgufFile, cfg: &ModelConfig) -> ModelProfile {
                 l.ffn_bytes += bytes;
             } else {
                 l.attn_bytes += bytes;
+                // MLA's latent down-projections apply per token: no head split shares them.
+                if what.starts_with("attn_q_a") || what.starts_with("attn_kv_a") {
+                    l.replicated_bytes += bytes;
+                }
             }
         } else if name.starts_with("token_embd") {
             embed += bytes;

@@ -138,6 +138,12 @@ fn step(
         let range = first..first + count;
         first += count;
         let dense: f64 = range.clone().map(|i| m.active_bytes(i).0).sum();
+        // Read whole by every rank of the stage, whatever its share.
+        let replicated: f64 = range
+            .clone()
+            .map(|i| m.layers[i].replicated_bytes as f64)
+            .sum();
+        let dense = dense - replicated;
         // The head: every row of a decode step, only the last row of a prompt chunk.
         let (head, head_rows) = match (s + 1 == stages, decode) {
             (false, _) => (0.0, 0.0),
@@ -149,8 +155,12 @@ fn step(
         // `busiest`: the rank's expert group is the step's busiest (EP decode).
         let rank_time = |p: usize, n: usize, busiest: bool| {
             let node = &c.nodes[n];
-            let h = head * l.dense_share(p);
-            let d = dense * l.dense_share(p);
+            let h = if proto.head_split {
+                head * l.dense_share(p)
+            } else {
+                head
+            };
+            let d = dense * l.dense_share(p) + replicated;
             let e = experts * l.expert_share(p);
             if decode && tokens == 1 {
                 let load = if busiest { imbalance } else { 1.0 };
@@ -250,13 +260,21 @@ pub fn memory(m: &ModelProfile, l: &LayoutSpec, w: &Workload) -> Vec<u64> {
             } else {
                 0.0
             };
+        let replicated: f64 = range
+            .clone()
+            .map(|i| m.layers[i].replicated_bytes as f64)
+            .sum();
         let experts: f64 = range.map(|i| m.layers[i].expert_bytes as f64).sum();
         let kv = (w.n_ctx * w.parallel.max(1) * count) as f64 * m.kv_bytes_per_token as f64;
         for p in 0..width {
             let a = l.dense_share(p);
             // KV heads are whole: a rank holds at least one.
             let kv_share = a.max(1.0 / m.n_head_kv.max(1) as f64);
-            let bytes = dense * a + experts * l.expert_share(p) + kv * kv_share + RUNTIME;
+            let bytes = (dense - replicated) * a
+                + replicated
+                + experts * l.expert_share(p)
+                + kv * kv_share
+                + RUNTIME;
             out[s * width + p] = bytes as u64;
         }
     }
@@ -266,6 +284,58 @@ pub fn memory(m: &ModelProfile, l: &LayoutSpec, w: &Workload) -> Vec<u64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::cluster::NodeProfile;
+    use crate::model::LayerProfile;
+
+    /// Compute seconds of one decode step of a 1-layer model over TP=`tp` ranks that
+    /// stream 1 byte/s, no links cost, with `replicated` of the 100 attention bytes read
+    /// whole and a 60-byte head split or not.
+    fn compute_of(tp: usize, replicated: u64, head_split: bool) -> f64 {
+        let node = |i: usize| NodeProfile {
+            name: format!("n{i}"),
+            memory_bytes: 1 << 30,
+            decode_bytes_per_s: 1.0,
+            prefill_bytes_per_s: 1.0,
+            loaded_decode_bytes_per_s: 0.0,
+            loaded_prefill_bytes_per_s: 0.0,
+        };
+        let mut c = ClusterProfile::uniform((0..tp).map(node).collect(), 0.0, 1e12);
+        c.engine.head_split = head_split;
+        let m = ModelProfile {
+            name: "m".into(),
+            n_embd: 8,
+            n_head: 4,
+            n_head_kv: 4,
+            layers: vec![LayerProfile {
+                attn_bytes: 100,
+                replicated_bytes: replicated,
+                ..LayerProfile::default()
+            }],
+            embed_bytes: 0,
+            head_bytes: 60,
+            kv_bytes_per_token: 0,
+            experts: None,
+        };
+        let l = LayoutSpec {
+            tp,
+            ep: 1,
+            order: (0..tp).collect(),
+            layers: vec![1],
+            tp_weights: vec![1.0; tp],
+            ep_weights: vec![1.0],
+        };
+        predict(&m, &c, &l, &Workload::default()).compute_s
+    }
+
+    #[test]
+    fn replicated_weights_and_an_unsplit_head_are_read_whole_by_every_rank() {
+        assert!((compute_of(1, 40, true) - 160.0).abs() < 1e-9);
+        // TP=2: (100 - 40) / 2 + 40 of the layer, and half the head.
+        assert!((compute_of(2, 40, true) - 100.0).abs() < 1e-9);
+        assert!((compute_of(2, 0, true) - 80.0).abs() < 1e-9);
+        // A head left whole: 60 on each rank.
+        assert!((compute_of(2, 40, false) - 130.0).abs() < 1e-9);
+    }
 
     #[test]
     fn imbalance_of_two_groups_is_near_the_exact_expectation() {

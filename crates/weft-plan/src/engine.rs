@@ -55,6 +55,9 @@ pub struct EngineCosts {
     pub segment_bytes: f64,
     /// Vectors above this many bytes take the ring whatever `allreduce` says (0: never).
     pub ring_from_bytes: f64,
+    /// Tensor parallelism splits the output head's vocabulary rows (weft); otherwise
+    /// every rank of the last stage reads the whole head.
+    pub head_split: bool,
 }
 
 /// weft's own: stage-to-stage hand-offs, direct all-reduces up to 256 KiB and a ring
@@ -70,6 +73,7 @@ pub const WEFT: EngineCosts = EngineCosts {
     wire_bytes: 4.0,
     segment_bytes: 65536.0,
     ring_from_bytes: 262144.0,
+    head_split: true,
 };
 
 impl Default for EngineCosts {

@@ -9,6 +9,10 @@ use serde::{Deserialize, Serialize};
 pub struct LayerProfile {
     /// Attention projections and norms.
     pub attn_bytes: u64,
+    /// Of `attn_bytes`, what every tensor-parallel rank reads whole: weights per token,
+    /// not per head (MLA's latent down-projections and their norms).
+    #[serde(default)]
+    pub replicated_bytes: u64,
     /// A dense FFN (0 in a MoE layer).
     pub ffn_bytes: u64,
     /// Every routed expert of the layer, and its router (0 in a dense layer).

@@ -12,7 +12,7 @@ fn one_node(s: &Scenario, decode_e: f64, prefill_e: f64) -> (f64, f64) {
     let mut s = s.clone();
     s.hardware.decode_efficiency = decode_e;
     s.hardware.prefill_efficiency = prefill_e;
-    s.hardware.shared_decode_bytes_per_s = 0.0;
+    s.hardware.shared_decode_share = 0.0;
     s.hardware.shared_prefill_share = 0.0;
     let r = &simulate(&s, &[1], &[Kind::Best])[0];
     (r.decode_tok_s, r.prefill_tok_s)

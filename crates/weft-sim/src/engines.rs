@@ -66,6 +66,8 @@ pub const CATALOG: &[Engine] = &[
             wire_bytes: 2.0,
             segment_bytes: 8192.0,
             ring_from_bytes: 0.0,
+            // exo's sharding strategies leave lm_head whole on every rank.
+            head_split: false,
             ..WEFT
         },
         coordinator_apart: false,

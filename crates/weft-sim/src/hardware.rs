@@ -22,10 +22,12 @@ pub struct Hardware {
     /// The share of the compute peak prefill reaches.
     #[serde(default = "default_prefill_efficiency")]
     pub prefill_efficiency: f64,
-    /// Measured decode rate when every node of a simulated cluster shares this one
-    /// machine (its memory bandwidth), bytes/s; 0: nodes are machines of their own.
+    /// The share of its decode rate a node keeps while every node of a simulated cluster
+    /// shares this one machine (its memory bandwidth and cores) and computes at once (0:
+    /// nodes are machines of their own). A share, not a rate, so that calibrating the
+    /// single-node rate carries over to the shared one.
     #[serde(default)]
-    pub shared_decode_bytes_per_s: f64,
+    pub shared_decode_share: f64,
     /// The share of its prefill rate a node keeps while every node of the cluster shares
     /// this one machine and computes at once (0: not measured, as alone).
     #[serde(default)]
@@ -81,7 +83,7 @@ pub fn named(name: &str) -> Result<Hardware, String> {
         compute_ops_per_s: tflops * TERA,
         decode_efficiency: default_decode_efficiency(),
         prefill_efficiency: default_prefill_efficiency(),
-        shared_decode_bytes_per_s: 0.0,
+        shared_decode_share: 0.0,
         shared_prefill_share: 0.0,
     })
 }
@@ -101,6 +103,11 @@ impl Hardware {
     ) -> Hardware {
         let (peak_bw, peak_ops) = peaks;
         let (decode, prefill, shared) = rates;
+        let shared_share = if decode > 0.0 {
+            (shared / decode).clamp(0.0, 1.0)
+        } else {
+            0.0
+        };
         let prefill_ops = prefill * 2.0 * 8.0 / bits.max(0.1);
         // A peak below what the kernels reach was a slow probe: the kernels' figure stands.
         let bandwidth = peak_bw.max(decode);
@@ -112,7 +119,7 @@ impl Hardware {
             compute_ops_per_s: compute,
             decode_efficiency: decode / bandwidth,
             prefill_efficiency: prefill_ops / compute,
-            shared_decode_bytes_per_s: shared,
+            shared_decode_share: shared_share,
             shared_prefill_share: 0.0,
         }
     }
@@ -139,6 +146,17 @@ impl Hardware {
                 self.name
             ));
         }
+        for (what, v) in [
+            ("shared_decode_share", self.shared_decode_share),
+            ("shared_prefill_share", self.shared_prefill_share),
+        ] {
+            if !(v.is_finite() && (0.0..=1.0).contains(&v)) {
+                return Err(format!(
+                    "hardware {}: {what} is a share kept while sharing, 0 to 1, not {v}",
+                    self.name
+                ));
+            }
+        }
         Ok(())
     }
 
@@ -153,12 +171,9 @@ impl Hardware {
             memory_bytes: self.memory_bytes as u64,
             decode_bytes_per_s: self.bandwidth_bytes_per_s * self.decode_efficiency,
             prefill_bytes_per_s: prefill,
-            loaded_decode_bytes_per_s: if self.shared_decode_bytes_per_s > 0.0 {
-                self.shared_decode_bytes_per_s
-                    .min(self.bandwidth_bytes_per_s * self.decode_efficiency)
-            } else {
-                0.0
-            },
+            loaded_decode_bytes_per_s: self.bandwidth_bytes_per_s
+                * self.decode_efficiency
+                * self.shared_decode_share.clamp(0.0, 1.0),
             loaded_prefill_bytes_per_s: prefill * self.shared_prefill_share.clamp(0.0, 1.0),
         }
     }
@@ -181,9 +196,21 @@ mod tests {
         };
         assert!(bad.validate().unwrap_err().contains("at most 1"));
         let bad = Hardware {
+            shared_decode_share: 1.2,
+            ..m.clone()
+        };
+        assert!(bad.validate().unwrap_err().contains("shared_decode_share"));
+        let bad = Hardware {
             memory_bytes: f64::NAN,
-            ..m
+            ..m.clone()
         };
         assert!(bad.validate().unwrap_err().contains("memory_bytes"));
+        // Sharing is a share of the calibrated rate: calibrating the single-node rate
+        // down carries the contention with it.
+        let mut shared = Hardware::measured("t", 1e9, (10e9, 1e12), (5e9, 1e9, 4e9), 4.5);
+        assert!((shared.shared_decode_share - 0.8).abs() < 1e-12);
+        shared.decode_efficiency *= 0.5;
+        let n = shared.node(4.5, 0);
+        assert!((n.loaded_decode_bytes_per_s / n.decode_bytes_per_s - 0.8).abs() < 1e-9);
     }
 }

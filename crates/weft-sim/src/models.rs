@@ -238,6 +238,16 @@ impl Architecture {
         }
     }
 
+    /// Of one layer's attention, the weights applied per token rather than per head (MLA's
+    /// latent down-projections): every tensor-parallel rank reads them whole.
+    fn replicated_attn_params(&self) -> f64 {
+        let d = self.embd as f64;
+        match self.mla {
+            Some(m) => d * (m.q_lora + m.kv_lora + m.rope_dim) as f64,
+            None => 0.0,
+        }
+    }
+
     /// Values one token keeps in one layer's cache.
     fn kv_values(&self) -> usize {
         match self.mla {
@@ -271,6 +281,7 @@ impl Architecture {
             .map(|l| {
                 let mut p = LayerProfile {
                     attn_bytes: bytes(self.attn_params(), dense_bits),
+                    replicated_bytes: bytes(self.replicated_attn_params(), dense_bits),
                     ..LayerProfile::default()
                 };
                 match self.experts {

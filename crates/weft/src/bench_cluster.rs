@@ -60,6 +60,36 @@ fn median(v: &[f64]) -> f64 {
     }
 }
 
+/// One timed run on `cl`, as `weft bench` times every layout: a prefill of `prompt`, then
+/// (after a BOS) a decode of `decode`'s tokens one at a time; tok/s of each (None for an
+/// empty part).
+pub fn time_run(
+    cl: &mut impl Backend,
+    prompt: &[u32],
+    decode: &[u32],
+    bos: u32,
+) -> Result<(Option<f64>, Option<f64>)> {
+    let mut pp = None;
+    if !prompt.is_empty() {
+        let t = Instant::now();
+        cl.prefill(prompt).map_err(|e| anyhow!("prefill: {e}"))?;
+        pp = Some(prompt.len() as f64 / t.elapsed().as_secs_f64());
+    }
+    let mut tg = None;
+    if !decode.is_empty() {
+        cl.prefill(&[bos])
+            .map_err(|e| anyhow!("decode start: {e}"))?;
+        let t = Instant::now();
+        let mut tok = bos;
+        for &next in decode {
+            cl.decode(tok).map_err(|e| anyhow!("decode: {e}"))?;
+            tok = next;
+        }
+        tg = Some(decode.len() as f64 / t.elapsed().as_secs_f64());
+    }
+    Ok((pp, tg))
+}
+
 pub fn run(a: &BenchArgs) -> Result<()> {
     let path = resolve_model(a.model.clone())?;
     let delays: Vec<f64> = if a.delays.is_empty() {
@@ -141,25 +171,10 @@ pub fn run(a: &BenchArgs) -> Result<()> {
     let mut tg = vec![Vec::new(); configs.len()];
     for _ in 0..a.reps.max(1) {
         for (i, c) in clusters.iter_mut().enumerate() {
-            let cl = &mut c.cluster;
-            if a.prefill > 0 {
-                let t = Instant::now();
-                cl.prefill(&prompt)
-                    .map_err(|e| anyhow!("{}: prefill: {e}", configs[i].name))?;
-                pp[i].push(a.prefill as f64 / t.elapsed().as_secs_f64());
-            }
-            if a.decode > 0 {
-                cl.prefill(&[bos])
-                    .map_err(|e| anyhow!("{}: {e}", configs[i].name))?;
-                let t = Instant::now();
-                let mut tok = bos;
-                for &next_tok in &decode_tokens {
-                    cl.decode(tok)
-                        .map_err(|e| anyhow!("{}: decode: {e}", configs[i].name))?;
-                    tok = next_tok;
-                }
-                tg[i].push(a.decode as f64 / t.elapsed().as_secs_f64());
-            }
+            let (p, t) = time_run(&mut c.cluster, &prompt[..a.prefill], &decode_tokens, bos)
+                .with_context(|| configs[i].name.clone())?;
+            pp[i].extend(p);
+            tg[i].extend(t);
         }
     }
     // One-node decode time per token, for the predictions.

@@ -176,6 +176,7 @@ pub fn run(a: SimulateArgs) -> Result<()> {
         (true, true) => Some(measure_one_node(
             Path::new(name),
             threads,
+            a.same_machine && threads == 1,
             a.prompt.max(1),
             3,
         )?),

@@ -6,9 +6,8 @@
 use std::path::Path;
 
 use std::sync::Barrier;
-use std::time::Instant;
 
-use anyhow::{bail, Context, Result};
+use anyhow::{anyhow, bail, Context, Result};
 use weft_cluster::planning::{decode_rate_over, loaded_rate_over, prefill_rate_over, TypeBytes};
 use weft_cluster::profile::{cpu_model, kernel_rates, loaded_rates, meminfo, select_kernels};
 use weft_kernels::calibrate::TypeRate;
@@ -16,7 +15,11 @@ use weft_kernels::quant::select::Shape;
 use weft_kernels::{choose, roofline, ThreadPool};
 use weft_sim::Hardware;
 
-use crate::progress::load_engine;
+use weft_model::Backend;
+
+use crate::bench_cluster::time_run;
+use crate::cluster_open::open;
+use crate::layout_args::LayoutArgs;
 
 /// How the simulated nodes stand on this machine.
 pub struct ThisMachine<'a> {
@@ -114,39 +117,43 @@ fn prefill_share_together(m: &ThisMachine, mix: &[TypeBytes]) -> f64 {
 }
 
 /// One node's decode and prefill tok/s of the model at `path` on `threads` threads here,
-/// the medians of `reps` runs (a `prompt`-token prefill, 32 decoded tokens), as `weft
-/// bench` measures them.
+/// the medians of `reps` runs (a `prompt`-token prefill, 32 decoded tokens), measured as
+/// `weft bench` measures its one-node layout: a local node process (pinned to a core
+/// when `pin`) driven by this process as coordinator, so the calibration point and the
+/// runs it is checked against pay the same per-token costs.
 pub fn measure_one_node(
     path: &Path,
     threads: usize,
+    pin: bool,
     prompt: usize,
     reps: usize,
 ) -> Result<(f64, f64)> {
     const DECODE: usize = 32;
-    let (mut engine, _) = load_engine(path, threads, prompt + DECODE + 8)?;
-    let mut next = crate::bench_tokens::pseudo_random_tokens(engine.model.cfg.n_vocab as u64);
+    let layout = LayoutArgs {
+        nodes: Some(1),
+        pin,
+        node_threads: Some(threads),
+        transport: "auto".into(),
+        ..LayoutArgs::default()
+    };
+    let n_ctx = (prompt + DECODE + 8).max(64);
+    let mut c = open(&layout, path, n_ctx, 1, false, 1).context("starting one local node")?;
+    let mut next = crate::bench_tokens::pseudo_random_tokens(c.n_vocab as u64);
     let tokens: Vec<u32> = (0..prompt.max(1)).map(|_| next()).collect();
-    let bos = engine.tokenizer.bos_id().unwrap_or(0);
-    engine
+    let decode: Vec<u32> = (0..DECODE).map(|_| next()).collect();
+    let bos = c.tokenizer.bos_id().unwrap_or(0);
+    c.cluster
         .prefill(&tokens[..tokens.len().min(8)])
-        .context("warm-up")?;
+        .map_err(|e| anyhow!("warm-up: {e}"))?;
     let (mut pp, mut tg) = (Vec::new(), Vec::new());
     for _ in 0..reps.max(1) {
-        let t = Instant::now();
-        engine.prefill(&tokens).context("prefill")?;
-        pp.push(tokens.len() as f64 / t.elapsed().as_secs_f64());
-        engine.prefill(&[bos]).context("decode start")?;
-        let t = Instant::now();
-        let mut tok = bos;
-        for _ in 0..DECODE {
-            engine.decode(tok).context("decode")?;
-            tok = next();
-        }
-        tg.push(DECODE as f64 / t.elapsed().as_secs_f64());
+        let (p, t) = time_run(&mut c.cluster, &tokens, &decode, bos)?;
+        pp.extend(p);
+        tg.extend(t);
     }
     let median = |v: &mut Vec<f64>| {
         v.sort_by(f64::total_cmp);
-        v[v.len() / 2]
+        v.get(v.len() / 2).copied().unwrap_or(0.0)
     };
     Ok((median(&mut tg), median(&mut pp)))
 }

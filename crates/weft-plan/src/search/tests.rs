@@ -18,7 +18,7 @@ fn dense(layers: usize, layer_mb: u64) -> ModelProfile {
             LayerProfile {
                 attn_bytes: half,
                 ffn_bytes: half,
-                expert_bytes: 0,
+                ..LayerProfile::default()
             };
             layers
         ],
