@@ -14,6 +14,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+
 use common::real_model;
 use common::server::{Server, KEY};
 
@@ -23,35 +26,20 @@ const MAX_WORDS: usize = 2_600;
 /// Longer than any request can take: past it a stream is hung.
 const STALL: Duration = Duration::from_secs(180);
 
-/// A small deterministic generator (xorshift), so each client's requests are repeatable.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-}
-
 const WORDS: [&str; 16] = [
     "river", "north", "stone", "mill", "garden", "light", "winter", "letter", "market", "bridge",
     "forest", "music", "harbor", "engine", "candle", "window",
 ];
 
-fn prompt(rng: &mut Rng) -> String {
+fn prompt(rng: &mut StdRng) -> String {
     // Mostly short, some long: one prompt in eight is 1,000 words or more.
-    let words = if rng.below(8) == 0 {
-        1_000 + rng.below((MAX_WORDS - 1_000) as u64) as usize
+    let words = if rng.gen_ratio(1, 8) {
+        rng.gen_range(1_000..MAX_WORDS)
     } else {
-        10 + rng.below(400) as usize
+        rng.gen_range(10..410)
     };
     (0..words)
-        .map(|_| WORDS[rng.below(WORDS.len() as u64) as usize])
+        .map(|_| WORDS[rng.gen_range(0..WORDS.len())])
         .collect::<Vec<_>>()
         .join(" ")
 }
@@ -193,12 +181,13 @@ fn soak(what: &str, layout: &[&str]) {
             let (addr, ttfts, cancelled, failures, failed) =
                 (&addr, &ttfts, &cancelled, &failures, &failed);
             sc.spawn(move || {
-                let mut rng = Rng(0x9e37_79b9_7f4a_7c15 ^ (c + 1));
+                // Each client's requests are the same from run to run.
+                let mut rng = StdRng::seed_from_u64(c);
                 while Instant::now() < stop_at && !failed.load(Ordering::Relaxed) {
                     let p = prompt(&mut rng);
-                    let n = 1 + rng.below(32);
+                    let n = rng.gen_range(1..=32);
                     // One request in five hangs up after its first token.
-                    let hang_up = rng.below(5) == 0;
+                    let hang_up = rng.gen_ratio(1, 5);
                     match stream_once(addr, &p, n, hang_up) {
                         Outcome::Complete(t) => ttfts.lock().unwrap().push(t),
                         Outcome::Cancelled => *cancelled.lock().unwrap() += 1,
