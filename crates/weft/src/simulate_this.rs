@@ -8,9 +8,8 @@ use std::path::Path;
 use std::sync::Barrier;
 
 use anyhow::{anyhow, bail, Context, Result};
-use weft_cluster::planning::{decode_rate_over, loaded_rate_over, prefill_rate_over, TypeBytes};
-use weft_cluster::profile::{cpu_model, kernel_rates, loaded_rates, meminfo, select_kernels};
-use weft_kernels::calibrate::TypeRate;
+use weft_cluster::planning::{decode_rate_over, prefill_rate_over, TypeBytes};
+use weft_cluster::profile::{cpu_model, kernel_rates, meminfo, select_kernels};
 use weft_kernels::quant::select::Shape;
 use weft_kernels::{choose, roofline, ThreadPool};
 use weft_sim::Hardware;
@@ -39,19 +38,10 @@ pub fn this_machine(m: &ThisMachine, mix: &[TypeBytes], bits: f64) -> Result<Har
     if !(decode > 0.0 && prefill > 0.0) {
         bail!("measuring this machine's kernels gave no rate");
     }
+    // Sharing as a share of the rate alone, both timed here and now on a buffer far
+    // larger than any cache, so that the nodes' streams really meet in memory.
     let shared = if m.sharing > 1 {
-        // Every node times its kernels at once, as a survey's second round does.
-        let together: Vec<Vec<TypeRate>> = std::thread::scope(|s| {
-            let runs: Vec<_> = (0..m.sharing)
-                .map(|_| s.spawn(|| loaded_rates(m.threads, 1.0)))
-                .collect();
-            runs.into_iter().filter_map(|r| r.join().ok()).collect()
-        });
-        together
-            .iter()
-            .map(|loaded| loaded_rate_over(&rates, loaded, mix))
-            .sum::<f64>()
-            / together.len().max(1) as f64
+        decode * share_together(m, mix, Shape::Decode, DECODE_PROBE_BYTES)
     } else {
         0.0
     };
@@ -68,15 +58,27 @@ pub fn this_machine(m: &ThisMachine, mix: &[TypeBytes], bits: f64) -> Result<Har
         bits,
     );
     if m.sharing > 1 {
-        hw.shared_prefill_share = prefill_share_together(m, mix);
+        hw.shared_prefill_share = share_together(m, mix, Shape::Prefill, PREFILL_PROBE_BYTES);
     }
     Ok(hw)
 }
 
-/// The share of its prefill rate each of `m.sharing` nodes keeps while all of them run
-/// the model's main weight type's prefill kernel at once (timed alone, then together,
-/// here and now so both see the same machine).
-fn prefill_share_together(m: &ThisMachine, mix: &[TypeBytes]) -> f64 {
+/// Weights each node streams while the decode share is timed: past the last-level cache
+/// of any CPU this runs on.
+const DECODE_PROBE_BYTES: usize = 256 << 20;
+
+/// Timed rounds of each share probe, the median kept: a shared VM's noise is of the
+/// size of the contention measured.
+const SHARE_ROUNDS: usize = 15;
+
+/// Weights of the prefill probe: prefill is compute-bound, and a cache-sized tile is
+/// what its kernels work on.
+const PREFILL_PROBE_BYTES: usize = 6 << 20;
+
+/// The share of its `shape` rate each of `m.sharing` nodes keeps while all of them run the
+/// model's main weight type's kernel at once, on `bytes` of weights each (timed alone,
+/// then together, here and now so both see the same machine).
+fn share_together(m: &ThisMachine, mix: &[TypeBytes], shape: Shape, bytes: usize) -> f64 {
     let Some(main) = mix
         .iter()
         .max_by(|a, b| (a.long + a.short).total_cmp(&(b.long + b.short)))
@@ -85,12 +87,12 @@ fn prefill_share_together(m: &ThisMachine, mix: &[TypeBytes]) -> f64 {
     };
     let time = || {
         let pool = ThreadPool::new(m.threads);
-        let mut buf = vec![0u8; 6 << 20];
+        let mut buf = vec![0u8; bytes];
         choose::time_chosen(
             &pool,
             main.ty,
-            Shape::Prefill,
-            (5, choose::Keep::Median),
+            shape,
+            (SHARE_ROUNDS, choose::Keep::Median),
             &mut buf,
         )
         .unwrap_or(0.0)
