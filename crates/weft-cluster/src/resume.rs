@@ -12,11 +12,10 @@ use weft_model::{BatchBackend, ModelError, SeqSpan};
 
 use crate::coordinator::Cluster;
 
-/// Forms a cluster from the nodes that answer now.
+/// Forms a cluster from the nodes that answer now (a lost one that is back answers
+/// again, so it is taken in).
 pub trait Former: Send {
-    /// `lost` names the nodes the last cluster lost: a former that has others may leave
-    /// them out, and one that cannot do without them tries them again (one may be back).
-    fn form(&mut self, lost: &[String]) -> Result<Cluster, String>;
+    fn form(&mut self) -> Result<Cluster, String>;
 }
 
 /// How long to keep trying.
@@ -186,12 +185,13 @@ impl<F: Former> Resuming<F> {
         }
     }
 
-    /// The live cluster, formed again first if the last one was lost between requests.
+    /// The live cluster, formed again first (its caches empty, so no slot keeps tokens)
+    /// if the last one could not be resumed.
     fn cluster(&mut self) -> Result<&mut Cluster, ModelError> {
         if self.live.is_none() {
             let c = self
                 .former
-                .form(&[])
+                .form()
                 .map_err(|e| ModelError::Collective(format!("the cluster is down: {e}")))?;
             self.history = History::new(self.slots);
             self.live = Some(c);
@@ -226,7 +226,7 @@ impl<F: Former> Resuming<F> {
         let mut attempts = 0;
         loop {
             attempts += 1;
-            let last = match self.former.form(&lost) {
+            let last = match self.former.form() {
                 Ok(mut c) => {
                     let rebuilt = replay(&mut c, &self.history, self.max_rows)
                         .and_then(|r| BatchBackend::step(&mut c, tokens, spans).map(|()| r));
@@ -279,8 +279,7 @@ impl<F: Former> Resuming<F> {
                     attempts,
                     nodes: Vec::new(),
                 });
-                // The caches are gone with the cluster: the next request starts afresh.
-                self.history = History::new(self.slots);
+                // The caches went with the cluster; `cluster` starts the next one empty.
                 return Err(ModelError::Collective(msg));
             }
             tracing::debug!("forming again failed: {last}");

@@ -139,10 +139,7 @@ fn step(
         first += count;
         let dense: f64 = range.clone().map(|i| m.active_bytes(i).0).sum();
         // Read whole by every rank of the stage, whatever its share.
-        let replicated: f64 = range
-            .clone()
-            .map(|i| m.layers[i].replicated_bytes as f64)
-            .sum();
+        let replicated = m.replicated_bytes(range.clone());
         let dense = dense - replicated;
         // The head: every row of a decode step, only the last row of a prompt chunk.
         let (head, head_rows) = match (s + 1 == stages, decode) {
@@ -260,10 +257,7 @@ pub fn memory(m: &ModelProfile, l: &LayoutSpec, w: &Workload) -> Vec<u64> {
             } else {
                 0.0
             };
-        let replicated: f64 = range
-            .clone()
-            .map(|i| m.layers[i].replicated_bytes as f64)
-            .sum();
+        let replicated = m.replicated_bytes(range.clone());
         let experts: f64 = range.map(|i| m.layers[i].expert_bytes as f64).sum();
         let kv = (w.n_ctx * w.parallel.max(1) * count) as f64 * m.kv_bytes_per_token as f64;
         for p in 0..width {

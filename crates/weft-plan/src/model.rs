@@ -55,6 +55,14 @@ impl ModelProfile {
         )
     }
 
+    /// Bytes of layers `layers` that every tensor-parallel rank reads whole.
+    pub fn replicated_bytes(&self, layers: std::ops::Range<usize>) -> f64 {
+        self.layers[layers]
+            .iter()
+            .map(|l| l.replicated_bytes as f64)
+            .sum()
+    }
+
     pub fn total_bytes(&self) -> u64 {
         self.layers
             .iter()

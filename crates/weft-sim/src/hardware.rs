@@ -91,23 +91,18 @@ pub fn named(name: &str) -> Result<Hardware, String> {
 impl Hardware {
     /// A machine from what weft measured on it: its peak read bandwidth and integer-dot
     /// peak (operations/s), its kernels' decode and prefill rates over the model's weights
-    /// (bytes/s and weight bytes × tokens/s, for a model of `bits` per weight), the decode
-    /// rate while several nodes share it (0: not measured), and the memory it offers. The
-    /// efficiencies are what the kernels reach of the peaks.
+    /// (bytes/s and weight bytes × tokens/s, for a model of `bits` per weight), and the
+    /// memory it offers. The efficiencies are what the kernels reach of the peaks; the
+    /// shares kept while nodes share the machine are set apart, when measured.
     pub fn measured(
         name: &str,
         memory_bytes: f64,
         peaks: (f64, f64),
-        rates: (f64, f64, f64),
+        rates: (f64, f64),
         bits: f64,
     ) -> Hardware {
         let (peak_bw, peak_ops) = peaks;
-        let (decode, prefill, shared) = rates;
-        let shared_share = if decode > 0.0 {
-            (shared / decode).clamp(0.0, 1.0)
-        } else {
-            0.0
-        };
+        let (decode, prefill) = rates;
         let prefill_ops = prefill * 2.0 * 8.0 / bits.max(0.1);
         // A peak below what the kernels reach was a slow probe: the kernels' figure stands.
         let bandwidth = peak_bw.max(decode);
@@ -119,7 +114,7 @@ impl Hardware {
             compute_ops_per_s: compute,
             decode_efficiency: decode / bandwidth,
             prefill_efficiency: prefill_ops / compute,
-            shared_decode_share: shared_share,
+            shared_decode_share: 0.0,
             shared_prefill_share: 0.0,
         }
     }
@@ -207,8 +202,8 @@ mod tests {
         assert!(bad.validate().unwrap_err().contains("memory_bytes"));
         // Sharing is a share of the calibrated rate: calibrating the single-node rate
         // down carries the contention with it.
-        let mut shared = Hardware::measured("t", 1e9, (10e9, 1e12), (5e9, 1e9, 4e9), 4.5);
-        assert!((shared.shared_decode_share - 0.8).abs() < 1e-12);
+        let mut shared = Hardware::measured("t", 1e9, (10e9, 1e12), (5e9, 1e9), 4.5);
+        shared.shared_decode_share = 0.8;
         shared.decode_efficiency *= 0.5;
         let n = shared.node(4.5, 0);
         assert!((n.loaded_decode_bytes_per_s / n.decode_bytes_per_s - 0.8).abs() < 1e-9);

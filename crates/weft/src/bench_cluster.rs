@@ -99,7 +99,7 @@ pub fn run(a: &BenchArgs) -> Result<()> {
     };
     let layouts: Vec<(usize, usize, usize)> = if a.compare.is_empty() {
         let n = a.layout.nodes.unwrap_or(a.layout.peers.len()).max(1);
-        let ep = a.layout.ep.unwrap_or(a.layout.ep_weights.len().max(1));
+        let ep = a.layout.ep_groups();
         let pp = a.layout.pp.unwrap_or(1).max(1);
         let tp = a.layout.tp.unwrap_or(n / (pp * ep).max(1)).max(1);
         vec![(tp, a.layout.pp.unwrap_or(n / (tp * ep).max(1)).max(1), ep)]

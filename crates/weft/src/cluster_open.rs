@@ -114,10 +114,8 @@ pub fn open(
     } else {
         // A full shape (--tp and --pp) over more nodes than it needs runs on the first
         // ones; the others are spares a re-plan after a lost node can take.
-        let ep = l.ep.unwrap_or(l.ep_weights.len().max(1));
         let mut peers = peers;
-        if let (Some(tp), Some(pp)) = (l.tp, l.pp) {
-            let needed = tp * pp * ep;
+        if let Some(needed) = l.full_shape_nodes() {
             if needed > 0 && needed < peers.len() {
                 eprintln!(
                     "using {needed} of {} nodes ({}); the others are spares",

@@ -62,6 +62,16 @@ impl LayoutArgs {
         self.nodes.is_some() || !self.peers.is_empty()
     }
 
+    /// Expert-parallel groups per stage: --ep, or as many as --ep-weights gives.
+    pub fn ep_groups(&self) -> usize {
+        self.ep.unwrap_or(self.ep_weights.len().max(1))
+    }
+
+    /// The nodes a full shape (--tp and --pp both given) needs; None without one.
+    pub fn full_shape_nodes(&self) -> Option<usize> {
+        Some(self.tp? * self.pp? * self.ep_groups())
+    }
+
     /// Starts `n` local `weft node` processes (this binary) with `threads` each and the
     /// --pin, --node-memory-limit and --node-slowdown flags, allowed to open `model`;
     /// their control addresses.

@@ -161,11 +161,7 @@ impl ServeFormer {
             .cloned()
             .collect();
         // A full shape needs only so many; the member lists are asked only for more.
-        let l = &self.layout;
-        let needed = match (l.tp, l.pp) {
-            (Some(t), Some(p)) => t * p * l.ep.unwrap_or(l.ep_weights.len().max(1)),
-            _ => usize::MAX,
-        };
+        let needed = self.layout.full_shape_nodes().unwrap_or(usize::MAX);
         if !up.is_empty() && up.len() < needed {
             // The membership stops watching when dropped.
             if let Ok((_, members)) =
@@ -189,7 +185,7 @@ impl ServeFormer {
 }
 
 impl Former for ServeFormer {
-    fn form(&mut self, lost: &[String]) -> Result<Cluster, String> {
+    fn form(&mut self) -> Result<Cluster, String> {
         // Local nodes are replaced whole: stop what is left of the old set first.
         self.local = None;
         let mut layout = self.layout.clone();
@@ -202,7 +198,7 @@ impl Former for ServeFormer {
                 .filter(|p| !layout.peers.contains(p))
                 .collect();
             eprintln!(
-                "weft serve: forming the cluster over {} (lost: {lost:?}; not answering: {left_out:?})",
+                "weft serve: forming the cluster over {} (not answering: {left_out:?})",
                 layout.peers.join(", ")
             );
         } else {

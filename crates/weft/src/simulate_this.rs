@@ -38,13 +38,6 @@ pub fn this_machine(m: &ThisMachine, mix: &[TypeBytes], bits: f64) -> Result<Har
     if !(decode > 0.0 && prefill > 0.0) {
         bail!("measuring this machine's kernels gave no rate");
     }
-    // Sharing as a share of the rate alone, both timed here and now on a buffer far
-    // larger than any cache, so that the nodes' streams really meet in memory.
-    let shared = if m.sharing > 1 {
-        decode * share_together(m, mix, Shape::Decode, DECODE_PROBE_BYTES)
-    } else {
-        0.0
-    };
     let memory = meminfo("MemAvailable").unwrap_or(0) as f64 / m.sharing.max(1) as f64;
     let pool = ThreadPool::new(m.threads);
     let peak_bw = roofline::read_bandwidth(&pool, 256 << 20, 3);
@@ -54,10 +47,13 @@ pub fn this_machine(m: &ThisMachine, mix: &[TypeBytes], bits: f64) -> Result<Har
         &format!("this ({}, {} thread{plural})", cpu_model(), m.threads),
         memory,
         (peak_bw, peak_ops),
-        (decode, prefill, shared),
+        (decode, prefill),
         bits,
     );
     if m.sharing > 1 {
+        // Both timed here and now; decode on a buffer far larger than any cache, so that
+        // the nodes' streams really meet in memory.
+        hw.shared_decode_share = share_together(m, mix, Shape::Decode, DECODE_PROBE_BYTES);
         hw.shared_prefill_share = share_together(m, mix, Shape::Prefill, PREFILL_PROBE_BYTES);
     }
     Ok(hw)
