@@ -10,6 +10,7 @@ use weft_gguf::GgufFile;
 use weft_model::ModelConfig;
 use weft_server::api::{parse_body, ChatRequest, CompletionRequest};
 use weft_server::template::{ChatTemplate, TemplateMessage};
+use weft_server::tools::{parse_calls, CallSplitter, Piece, ToolSpec};
 
 /// A GGUF file: header, metadata, tensor index; then what loading reads from them (the
 /// model's configuration, its tokenizer, the planner's profile).
@@ -90,11 +91,59 @@ pub fn request(data: &[u8]) {
         for (i, m) in r.messages.iter().enumerate() {
             let _ = m.text(i);
         }
+        if let Ok(input) = r.input() {
+            tool_output(&input.tools, data);
+        }
         let _ = r.common.check("m", 4096, None, None);
     }
     if let Ok(r) = parse_body::<CompletionRequest>(data) {
         let _ = r.common.check("m", 4096, Some(16), None);
     }
+    // The other APIs' bodies, as their handlers check them.
+    let _ = weft_server::anthropic::parse(data);
+    let _ = weft_server::openai_responses::parse(data);
+    let _ = weft_server::ollama::parse_chat(data);
+    // The bytes as model output, against two declared tools.
+    static TOOLS: OnceLock<Vec<ToolSpec>> = OnceLock::new();
+    let tools = TOOLS.get_or_init(|| {
+        ["get_weather", "add"]
+            .iter()
+            .map(|n| ToolSpec {
+                name: n.to_string(),
+                description: String::new(),
+                parameters: serde_json::json!({"type": "object"}),
+            })
+            .collect()
+    });
+    tool_output(tools, data);
+}
+
+/// Model output read for tool calls, whole and streamed in pieces: a model writes
+/// anything, and the reader must not panic or lose text.
+pub fn tool_output(tools: &[ToolSpec], data: &[u8]) {
+    let text = String::from_utf8_lossy(data);
+    let _ = parse_calls(&text, tools);
+    let mut split = CallSplitter::default();
+    let mut shown = 0;
+    let mut at = 0;
+    while at < text.len() {
+        let mut end = (at + 7).min(text.len());
+        while !text.is_char_boundary(end) {
+            end += 1;
+        }
+        for p in split.push(&text[at..end], tools) {
+            if let Piece::Text(t) = p {
+                shown += t.len();
+            }
+        }
+        at = end;
+    }
+    for p in split.finish(tools) {
+        if let Piece::Text(t) = p {
+            shown += t.len();
+        }
+    }
+    assert!(shown <= text.len(), "the splitter made up text");
 }
 
 /// Messages as a client writes them, through the built-in templates (Gemma's turns and
@@ -110,6 +159,7 @@ pub fn template(data: &[u8]) {
         .map(|(i, text)| TemplateMessage {
             role: ROLES[((roles as usize) >> (2 * (i % 4))) & 3].to_string(),
             content: String::from_utf8_lossy(text).into_owned(),
+            ..Default::default()
         })
         .collect();
     // Compiled once: the input is the messages, not the template.
@@ -121,7 +171,7 @@ pub fn template(data: &[u8]) {
             .collect()
     });
     for t in templates {
-        if let Ok((text, Some(ranges))) = t.render_protected(&msgs) {
+        if let Ok((text, Some(ranges))) = t.render_protected(&msgs, &[]) {
             for r in ranges {
                 assert!(
                     text.get(r).is_some(),

@@ -13,6 +13,7 @@ use std::time::Instant;
 use weft_tokenizer::Tokenizer;
 
 use crate::batch::SeqSpan;
+use crate::constraint::TokenConstraint;
 use crate::error::ModelError;
 use crate::generate::Sequence;
 use crate::request::{GenerateRequest, Generated};
@@ -72,6 +73,8 @@ pub struct Job {
     pub sink: Box<dyn EventSink>,
     /// When the request was handed over (its queueing time counts from here).
     pub submitted: Instant,
+    /// The rule its tokens must follow (structured output), if any.
+    pub constraint: Option<Box<dyn TokenConstraint>>,
 }
 
 impl Job {
@@ -80,6 +83,7 @@ impl Job {
             req,
             sink,
             submitted: Instant::now(),
+            constraint: None,
         }
     }
 }
@@ -354,8 +358,9 @@ impl<B: BatchBackend> Batcher<B> {
                 panic!("{PANIC_HOOK_ENV}: the prompt contains {needle:?}");
             }
         }
+        let rule = job.constraint.take();
         let started = Sequence::start(tok, &job.req, self.backend.n_ctx())
-            .and_then(|seq| self.backend.reset(slot).map(|()| seq));
+            .and_then(|seq| self.backend.reset(slot).map(|()| seq.constrained(rule)));
         let seq = match started {
             Ok(seq) => seq,
             Err(e) => {

@@ -6,6 +6,7 @@ use std::time::Instant;
 
 use weft_tokenizer::{StreamDecoder, Tokenizer};
 
+use crate::constraint::TokenConstraint;
 use crate::error::ModelError;
 use crate::request::{FinishReason, GenerateRequest, Generated};
 use crate::sampler::{check_logits, log_sum_exp, top_k_into, NonFinite, Sampler};
@@ -80,6 +81,8 @@ pub struct Sequence<'a> {
     finished: bool,
     /// Reused buffer of the top-k selection.
     best: Vec<(f32, u32)>,
+    /// The rule the sampled tokens must follow, if any (structured output).
+    constraint: Option<Box<dyn TokenConstraint>>,
     /// The result so far; the caller fills in the timings it measures.
     pub out: Generated,
 }
@@ -111,11 +114,19 @@ impl<'a> Sequence<'a> {
             budget: req.max_tokens.min(n_ctx - req.prompt_ids.len()),
             finished: false,
             best: Vec::with_capacity(req.logprobs + 1),
+            constraint: None,
             out: Generated {
                 prefill_tokens: req.prompt_ids.len(),
                 ..Default::default()
             },
         })
+    }
+
+    /// Samples only what `rule` allows from here on; the sequence ends (as a stop) when
+    /// the rule is complete.
+    pub fn constrained(mut self, rule: Option<Box<dyn TokenConstraint>>) -> Self {
+        self.constraint = rule;
+        self
     }
 
     pub fn is_finished(&self) -> bool {
@@ -161,14 +172,31 @@ impl<'a> Sequence<'a> {
                 .map(|&(l, i)| (i, l - z))
                 .collect::<Vec<_>>()
         });
-        // The chosen token's own logit, read after sampling: only a penalty changes the
-        // logits, and only then is a copy needed.
-        let kept = (z.is_some() && self.sampler.modifies_logits()).then(|| logits.to_vec());
+        // The chosen token's own logit, read after sampling: only a penalty or a rule
+        // changes the logits, and only then is a copy needed.
+        let changes = self.sampler.modifies_logits() || self.constraint.is_some();
+        let kept = (z.is_some() && changes).then(|| logits.to_vec());
+        if let Some(rule) = &mut self.constraint {
+            if rule.finished() {
+                step.text = self.end(FinishReason::Stop);
+                return Ok(step);
+            }
+            if let Err(why) = rule.mask(logits) {
+                self.finished = true;
+                return Err(ModelError::Invalid(format!("constrained decoding: {why}")));
+            }
+        }
         let tok = self.sampler.sample_checked(logits, &self.history);
         if self.tokenizer.is_eog(tok) {
             self.finished = true;
             self.out.finish = FinishReason::Stop;
             return Ok(step);
+        }
+        if let Some(rule) = &mut self.constraint {
+            if let Err(why) = rule.accept(tok) {
+                self.finished = true;
+                return Err(ModelError::Invalid(format!("constrained decoding: {why}")));
+            }
         }
         if let (Some(z), Some(top)) = (z, top) {
             let raw = kept.as_deref().unwrap_or(logits)[tok as usize];
@@ -181,9 +209,13 @@ impl<'a> Sequence<'a> {
         let (emit, hit) = self.stops.feed(&piece);
         self.out.text.push_str(&emit);
         step.text = emit;
+        let complete = self.constraint.as_ref().is_some_and(|r| r.finished());
         if hit {
             self.finished = true;
             self.out.finish = FinishReason::Stop;
+            self.out.stop_sequence = self.stops.matched.clone();
+        } else if complete {
+            step.text.push_str(&self.end(FinishReason::Stop));
         } else if self.out.token_ids.len() >= self.budget {
             step.text.push_str(&self.end(FinishReason::Length));
         } else {
@@ -212,6 +244,8 @@ impl<'a> Sequence<'a> {
 struct StopScanner {
     stops: Vec<String>,
     pending: String,
+    /// The stop sequence that was hit, once one is.
+    matched: Option<String>,
 }
 
 impl StopScanner {
@@ -219,6 +253,7 @@ impl StopScanner {
         StopScanner {
             stops,
             pending: String::new(),
+            matched: None,
         }
     }
 
@@ -230,9 +265,10 @@ impl StopScanner {
             .stops
             .iter()
             .filter(|s| !s.is_empty())
-            .filter_map(|s| self.pending.find(s.as_str()))
-            .min();
-        if let Some(at) = hit {
+            .filter_map(|s| self.pending.find(s.as_str()).map(|at| (at, s)))
+            .min_by_key(|&(at, _)| at);
+        if let Some((at, stop)) = hit {
+            self.matched = Some(stop.clone());
             let emit = self.pending[..at].to_string();
             self.pending.clear();
             return (emit, true);

@@ -39,6 +39,8 @@ pub struct Generated {
     pub token_ids: Vec<u32>,
     pub text: String,
     pub finish: FinishReason,
+    /// The stop sequence that ended it, if one did.
+    pub stop_sequence: Option<String>,
     /// Per generated token: its own logprob and the top-k `(id, logprob)`.
     pub logprobs: Vec<(f32, Vec<(u32, f32)>)>,
     pub prefill_tokens: usize,

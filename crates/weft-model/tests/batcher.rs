@@ -149,3 +149,106 @@ fn batched_requests_match_running_alone() {
     assert_eq!(stats.failed.load(Ordering::Relaxed), 1);
     assert_eq!(stats.active.load(Ordering::Relaxed), 0);
 }
+
+/// Allows one fixed token sequence, then nothing more.
+struct Script {
+    want: Vec<u32>,
+    at: usize,
+}
+
+impl weft_model::TokenConstraint for Script {
+    fn mask(&mut self, logits: &mut [f32]) -> Result<(), String> {
+        let keep = self.want[self.at] as usize;
+        for (i, l) in logits.iter_mut().enumerate() {
+            if i != keep {
+                *l = f32::NEG_INFINITY;
+            }
+        }
+        Ok(())
+    }
+    fn accept(&mut self, token: u32) -> Result<(), String> {
+        if token != self.want[self.at] {
+            return Err(format!("token {token} was not allowed"));
+        }
+        self.at += 1;
+        Ok(())
+    }
+    fn finished(&self) -> bool {
+        self.at == self.want.len()
+    }
+}
+
+#[test]
+fn a_rule_holds_its_sequence_and_leaves_its_neighbours_alone() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("m.gguf");
+    synthetic_model(&SyntheticSpec::small(Arch::Llama, GgmlType::F32))
+        .write_file(&path)
+        .unwrap();
+    let prompt: Vec<u32> = (0..20).map(|i| 4 + (i * 13 % 300) as u32).collect();
+    let mut alone = Engine::load(&path, 2, 256, &mut |_, _| {}).unwrap();
+    let free = alone
+        .generate(&request(prompt.clone(), 8), &mut |_| {})
+        .unwrap();
+    drop(alone);
+    // Tokens the model would not pick greedily.
+    let scripted: Vec<u32> = free
+        .token_ids
+        .iter()
+        .map(|&t| 300 + (t % 100))
+        .take(5)
+        .collect();
+
+    let engine = Engine::load(&path, 2, 256, &mut |_, _| {}).unwrap();
+    let (backend, tokenizer) = engine.into_batch(2, 256);
+    let opts = BatchOptions {
+        max_seqs: 2,
+        prefill_chunk: 16,
+    };
+    let batcher = Batcher::new(backend, Arc::new(tokenizer), opts);
+    let (jobs_tx, jobs_rx) = mpsc::channel::<Job>();
+    let worker = std::thread::spawn(move || batcher.run(jobs_rx));
+    let (tx, rx) = mpsc::channel();
+    for id in 0..2 {
+        let sink = TestSink {
+            tx: tx.clone(),
+            id,
+            hang_up_after: None,
+            tokens: 0,
+        };
+        let mut job = Job::new(request(prompt.clone(), 8), Box::new(sink));
+        if id == 1 {
+            job.constraint = Some(Box::new(Script {
+                want: scripted.clone(),
+                at: 0,
+            }));
+        }
+        jobs_tx.send(job).unwrap();
+    }
+    drop(jobs_tx);
+    worker.join().unwrap();
+    drop(tx);
+    let mut done = [None, None];
+    for (id, ev) in rx.iter() {
+        match ev {
+            Event::Done(g) => done[id] = Some(g),
+            Event::Failed(e) => panic!("request {id} failed: {e}"),
+            Event::Token { .. } => {}
+        }
+    }
+    let [Some(plain), Some(ruled)] = done else {
+        panic!("a request was lost");
+    };
+    assert_eq!(
+        plain.token_ids, free.token_ids,
+        "the unconstrained neighbour"
+    );
+    // The rule's tokens, ended as a stop when the rule was complete (before max_tokens).
+    assert_eq!(ruled.token_ids, scripted);
+    assert_eq!(ruled.finish, weft_model::FinishReason::Stop);
+    // Logprobs are the model's own, read before the mask: finite and below zero.
+    assert!(ruled
+        .logprobs
+        .iter()
+        .all(|(l, _)| l.is_finite() && *l < 0.0));
+}

@@ -3,8 +3,11 @@
 
 use serde::de::DeserializeOwned;
 use serde::Deserialize;
+use serde_json::Value;
 
 use crate::error::ApiError;
+use crate::tools::{ToolCall, ToolChoice, ToolSpec};
+use crate::turn::{ChatInput, ChatTurn, OutputFormat};
 
 /// Parses a JSON body; errors name the field path (`messages[0].content`) and the problem.
 /// Anything but whitespace after the JSON value is refused.
@@ -74,6 +77,75 @@ pub struct ChatMessage {
     pub role: String,
     #[serde(default)]
     pub content: Option<Content>,
+    /// An assistant turn's calls, fed back in.
+    #[serde(default)]
+    pub tool_calls: Option<Vec<ToolCallIn>>,
+    /// A tool turn: the call it answers.
+    #[serde(default)]
+    pub tool_call_id: Option<String>,
+    #[serde(default)]
+    pub name: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+pub struct ToolCallIn {
+    #[serde(default)]
+    pub id: Option<String>,
+    pub function: FunctionCallIn,
+}
+
+#[derive(Debug, Deserialize)]
+pub struct FunctionCallIn {
+    pub name: String,
+    /// JSON text, as OpenAI sends it.
+    pub arguments: String,
+}
+
+/// `tools[i]`: `{"type": "function", "function": {...}}`.
+#[derive(Debug, Deserialize)]
+pub struct ToolDecl {
+    #[serde(rename = "type")]
+    pub kind: String,
+    pub function: FunctionDecl,
+}
+
+#[derive(Debug, Deserialize)]
+pub struct FunctionDecl {
+    pub name: String,
+    #[serde(default)]
+    pub description: Option<String>,
+    #[serde(default)]
+    pub parameters: Option<Value>,
+}
+
+/// `tool_choice`: "auto" | "none" | "required" | `{"type": "function", "function": {"name"}}`.
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+pub enum ToolChoiceIn {
+    Mode(String),
+    Named { function: NamedFunction },
+}
+
+#[derive(Debug, Deserialize)]
+pub struct NamedFunction {
+    pub name: String,
+}
+
+/// `response_format`: `{"type": "text" | "json_object" | "json_schema", "json_schema": {...}}`.
+#[derive(Debug, Deserialize)]
+pub struct ResponseFormat {
+    #[serde(rename = "type")]
+    pub kind: String,
+    #[serde(default)]
+    pub json_schema: Option<JsonSchemaSpec>,
+}
+
+#[derive(Debug, Deserialize)]
+pub struct JsonSchemaSpec {
+    #[serde(default)]
+    pub name: Option<String>,
+    #[serde(default)]
+    pub schema: Option<Value>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -113,8 +185,142 @@ pub struct ChatRequest {
     pub logprobs: Option<bool>,
     #[serde(default)]
     pub top_logprobs: Option<i64>,
+    #[serde(default)]
+    pub tools: Option<Vec<ToolDecl>>,
+    #[serde(default)]
+    pub tool_choice: Option<ToolChoiceIn>,
+    #[serde(default)]
+    pub response_format: Option<ResponseFormat>,
     #[serde(flatten)]
     pub common: CommonOptions,
+}
+
+/// Roles a chat message may have.
+pub const ROLES: [&str; 5] = ["system", "developer", "user", "assistant", "tool"];
+
+/// Declared tools in weft's terms; `field` names the list in errors.
+pub fn tool_specs(tools: &[ToolDecl], field: &str) -> Result<Vec<ToolSpec>, ApiError> {
+    tools
+        .iter()
+        .enumerate()
+        .map(|(i, t)| {
+            if t.kind != "function" {
+                return Err(ApiError::bad_request(
+                    format!("{field}[{i}].type"),
+                    format!("tool type '{}' is not supported (function only)", t.kind),
+                ));
+            }
+            Ok(ToolSpec {
+                name: t.function.name.clone(),
+                description: t.function.description.clone().unwrap_or_default(),
+                parameters: t
+                    .function
+                    .parameters
+                    .clone()
+                    .unwrap_or_else(|| serde_json::json!({"type": "object", "properties": {}})),
+            })
+        })
+        .collect()
+}
+
+/// A tool choice mode in weft's terms.
+pub fn tool_choice(choice: Option<&ToolChoiceIn>, field: &str) -> Result<ToolChoice, ApiError> {
+    match choice {
+        None => Ok(ToolChoice::Auto),
+        Some(ToolChoiceIn::Named { function }) => Ok(ToolChoice::Named(function.name.clone())),
+        Some(ToolChoiceIn::Mode(m)) => match m.as_str() {
+            "auto" => Ok(ToolChoice::Auto),
+            "none" => Ok(ToolChoice::None),
+            "required" | "any" => Ok(ToolChoice::Required),
+            other => Err(ApiError::bad_request(
+                field,
+                format!("tool_choice '{other}' is not one of auto, none, required"),
+            )),
+        },
+    }
+}
+
+impl ChatRequest {
+    /// The turn in weft's terms.
+    pub fn input(&self) -> Result<ChatInput, ApiError> {
+        let mut messages = Vec::with_capacity(self.messages.len());
+        for (i, m) in self.messages.iter().enumerate() {
+            if !ROLES.contains(&m.role.as_str()) {
+                return Err(ApiError::bad_request(
+                    format!("messages[{i}].role"),
+                    format!("unknown role '{}' (one of {})", m.role, ROLES.join(", ")),
+                ));
+            }
+            let role = if m.role == "developer" {
+                "system"
+            } else {
+                &m.role
+            };
+            let calls = m
+                .tool_calls
+                .iter()
+                .flatten()
+                .enumerate()
+                .map(|(j, c)| {
+                    let args: Value = serde_json::from_str(&c.function.arguments).map_err(|e| {
+                        ApiError::bad_request(
+                            format!("messages[{i}].tool_calls[{j}].function.arguments"),
+                            format!("the arguments are not JSON: {e}"),
+                        )
+                    })?;
+                    let mut call = ToolCall::new(c.function.name.clone(), &args);
+                    if let Some(id) = &c.id {
+                        call.id = id.clone();
+                    }
+                    Ok(call)
+                })
+                .collect::<Result<Vec<_>, ApiError>>()?;
+            if m.role == "tool" && m.tool_call_id.is_none() {
+                return Err(ApiError::bad_request(
+                    format!("messages[{i}].tool_call_id"),
+                    "a tool message must name the call it answers (tool_call_id)",
+                ));
+            }
+            messages.push(ChatTurn {
+                role: role.to_string(),
+                text: m.text(i)?,
+                calls,
+                call_id: m.tool_call_id.clone(),
+                tool_name: m.name.clone(),
+            });
+        }
+        let format = match &self.response_format {
+            None => OutputFormat::Text,
+            Some(f) => match f.kind.as_str() {
+                "text" => OutputFormat::Text,
+                "json_object" => OutputFormat::JsonObject,
+                "json_schema" => match f.json_schema.as_ref().and_then(|s| s.schema.clone()) {
+                    Some(schema) if schema.is_object() || schema.is_boolean() => {
+                        OutputFormat::JsonSchema(schema)
+                    }
+                    _ => {
+                        return Err(ApiError::bad_request(
+                            "response_format.json_schema.schema",
+                            "json_schema output needs a schema object",
+                        ))
+                    }
+                },
+                other => {
+                    return Err(ApiError::bad_request(
+                        "response_format.type",
+                        format!("response_format type '{other}' is not one of text, json_object, json_schema"),
+                    ))
+                }
+            },
+        };
+        Ok(ChatInput {
+            messages,
+            tools: tool_specs(self.tools.as_deref().unwrap_or(&[]), "tools")?,
+            choice: tool_choice(self.tool_choice.as_ref(), "tool_choice")?,
+            format,
+            fields: ("messages", "tools", "response_format"),
+        })
+    }
 }
 
 /// A prompt as text or token ids (one prompt: `n` and batches of prompts are not served).

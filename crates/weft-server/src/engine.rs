@@ -10,6 +10,7 @@ use std::time::Duration;
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver, UnboundedSender};
 use weft_model::{
     BatchBackend, BatchOptions, BatchStats, Batcher, Event, EventSink, GenerateRequest, Job,
+    TokenConstraint,
 };
 use weft_tokenizer::Tokenizer;
 
@@ -97,11 +98,18 @@ impl EngineHandle {
         }
     }
 
-    /// Queues `req`; its events arrive on the returned channel.
-    pub fn submit(&self, req: GenerateRequest) -> Result<UnboundedReceiver<Event>, ApiError> {
+    /// Queues `req`, its tokens held to `rule` if one is given; its events arrive on the
+    /// returned channel.
+    pub fn submit(
+        &self,
+        req: GenerateRequest,
+        rule: Option<Box<dyn TokenConstraint>>,
+    ) -> Result<UnboundedReceiver<Event>, ApiError> {
         let (tx, rx) = unbounded_channel();
+        let mut job = Job::new(req, Box::new(ChannelSink(tx)));
+        job.constraint = rule;
         self.jobs
-            .send(Job::new(req, Box::new(ChannelSink(tx))))
+            .send(job)
             .map_err(|_| ApiError::unavailable("the inference engine has stopped"))?;
         Ok(rx)
     }

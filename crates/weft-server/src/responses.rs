@@ -6,6 +6,7 @@ use weft_model::{Generated, ModelError};
 use weft_tokenizer::Tokenizer;
 
 use crate::error::ApiError;
+use crate::tools::ToolCall;
 
 /// One generated token, its logprob, and the top alternatives `(id, logprob)`.
 pub type TokenLogprob<'a> = (u32, f32, &'a [(u32, f32)]);
@@ -61,8 +62,9 @@ impl Meta {
         })
     }
 
-    /// The whole (non-streamed) response.
-    pub fn full(&self, g: &Generated, tok: &Tokenizer) -> Value {
+    /// The whole (non-streamed) response: `text` and `calls` are what the output reads
+    /// as (the calls taken out of the text when tools were declared).
+    pub fn full(&self, g: &Generated, text: &str, calls: &[ToolCall], tok: &Tokenizer) -> Value {
         let lp: Vec<TokenLogprob<'_>> = g
             .token_ids
             .iter()
@@ -71,12 +73,23 @@ impl Meta {
             .collect();
         let logprobs = self.logprobs(&lp, tok, 0);
         let choice = match self.kind {
-            Kind::Chat => json!({
-                "index": 0,
-                "message": {"role": "assistant", "content": g.text, "refusal": null},
-                "logprobs": logprobs,
-                "finish_reason": g.finish.as_str(),
-            }),
+            Kind::Chat => {
+                let mut message = json!({"role": "assistant", "content": text, "refusal": null});
+                let mut finish = g.finish.as_str();
+                if !calls.is_empty() {
+                    if text.is_empty() {
+                        message["content"] = Value::Null;
+                    }
+                    message["tool_calls"] = calls.iter().map(call_json).collect();
+                    finish = "tool_calls";
+                }
+                json!({
+                    "index": 0,
+                    "message": message,
+                    "logprobs": logprobs,
+                    "finish_reason": finish,
+                })
+            }
             Kind::Completion => json!({
                 "index": 0,
                 "text": g.text,
@@ -92,7 +105,33 @@ impl Meta {
             "system_fingerprint": null,
             "choices": [choice],
             "usage": self.usage(g.token_ids.len()),
+            "timings": timings(g),
         })
+    }
+
+    /// A call streamed as OpenAI streams one: a chunk with its index, id and name (and
+    /// empty arguments), then its arguments in pieces.
+    pub fn call_chunks(&self, index: usize, call: &ToolCall) -> Vec<Value> {
+        let wrap = |delta: Value| {
+            json!({
+                "id": self.id,
+                "object": self.object(true),
+                "created": self.created,
+                "model": self.model,
+                "system_fingerprint": null,
+                "choices": [{"index": 0, "delta": {"tool_calls": [delta]}, "logprobs": null, "finish_reason": null}],
+            })
+        };
+        let mut out = vec![wrap(json!({
+            "index": index, "id": call.id, "type": "function",
+            "function": {"name": call.name, "arguments": ""},
+        }))];
+        for piece in split_pieces(&call.arguments, 24) {
+            out.push(wrap(
+                json!({"index": index, "function": {"arguments": piece}}),
+            ));
+        }
+        out
     }
 
     /// One streamed chunk: `text` (chat: the delta's content), logprobs of the tokens it
@@ -209,6 +248,39 @@ impl Meta {
             }
         }
     }
+}
+
+/// A call in OpenAI's shape.
+pub fn call_json(c: &ToolCall) -> Value {
+    json!({"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}})
+}
+
+/// `text` cut into pieces of about `size` bytes, on character boundaries.
+pub fn split_pieces(text: &str, size: usize) -> Vec<&str> {
+    let mut out = Vec::new();
+    let mut at = 0;
+    while at < text.len() {
+        let mut end = (at + size).min(text.len());
+        while !text.is_char_boundary(end) {
+            end += 1;
+        }
+        out.push(&text[at..end]);
+        at = end;
+    }
+    out
+}
+
+/// Speed of one generation, as llama-server reports it beside the usage.
+pub fn timings(g: &Generated) -> Value {
+    let per_s = |n: usize, secs: f64| if secs > 0.0 { n as f64 / secs } else { 0.0 };
+    json!({
+        "prompt_n": g.prefill_tokens,
+        "prompt_ms": g.prefill_secs * 1e3,
+        "prompt_per_second": per_s(g.prefill_tokens, g.prefill_secs),
+        "predicted_n": g.token_ids.len(),
+        "predicted_ms": g.decode_secs * 1e3,
+        "predicted_per_second": per_s(g.decode_steps, g.decode_secs),
+    })
 }
 
 /// A failed generation as an API error: a lost node or a stopped engine is 503.

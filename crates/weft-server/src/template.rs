@@ -82,11 +82,21 @@ fn locate(text: &str, skeleton: &str, messages: &[TemplateMessage]) -> Option<Ve
     (text[at..] == *pieces[marks.len()]).then_some(ranges)
 }
 
-/// One message as the template sees it.
-#[derive(Clone, Debug, Serialize)]
+/// One message as the template sees it (the OpenAI shape Hugging Face templates read).
+#[derive(Clone, Debug, Default, Serialize)]
 pub struct TemplateMessage {
     pub role: String,
     pub content: String,
+    /// An assistant turn's calls: `{"id", "type": "function", "function": {"name",
+    /// "arguments"}}` with the arguments as an object, as templates print them.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tool_calls: Option<Vec<serde_json::Value>>,
+    /// A tool turn's answer to this call.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tool_call_id: Option<String>,
+    /// A tool turn's function name.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
 }
 
 /// A compiled chat template and the special tokens it may refer to.
@@ -96,6 +106,9 @@ pub struct ChatTemplate {
     eos: String,
     /// Where the template came from, for /v1/models and logs.
     pub source: &'static str,
+    /// Whether the template reads `tools` (and tool turns) itself; otherwise tools are
+    /// described in a system message and calls and results are written as text.
+    pub supports_tools: bool,
 }
 
 impl ChatTemplate {
@@ -106,6 +119,7 @@ impl ChatTemplate {
             None if arch.starts_with("gemma") => (GEMMA_TURNS.to_string(), "gemma turn format"),
             None => (CHATML.to_string(), "chatml"),
         };
+        let supports_tools = text.contains("tools");
         let mut env = Environment::new();
         // As Hugging Face renders chat templates.
         let syntax = minijinja::syntax::SyntaxConfig::builder()
@@ -125,6 +139,7 @@ impl ChatTemplate {
             bos: bos.to_string(),
             eos: eos.to_string(),
             source,
+            supports_tools,
         })
     }
 
@@ -134,20 +149,22 @@ impl ChatTemplate {
     /// with each text replaced by a marker; the text between the markers' surroundings is
     /// matched against the message (as is, or trimmed, as templates do). None for the
     /// ranges where the template transformed a text past recognising.
+    /// `tools` (OpenAI's shape) go to templates that read them.
     pub fn render_protected(
         &self,
         messages: &[TemplateMessage],
+        tools: &[serde_json::Value],
     ) -> Result<(String, Option<TextRanges>), String> {
-        let text = self.render(messages)?;
+        let text = self.render_with(messages, tools)?;
         let marked: Vec<TemplateMessage> = messages
             .iter()
             .enumerate()
             .map(|(i, m)| TemplateMessage {
-                role: m.role.clone(),
                 content: format!("{MARK_OPEN}{i}{MARK_CLOSE}"),
+                ..m.clone()
             })
             .collect();
-        let skeleton = match self.render(&marked) {
+        let skeleton = match self.render_with(&marked, tools) {
             Ok(s) => s,
             Err(_) => return Ok((text, None)),
         };
@@ -156,9 +173,20 @@ impl ChatTemplate {
 
     /// The prompt text for `messages`, ending with the assistant's turn opening.
     pub fn render(&self, messages: &[TemplateMessage]) -> Result<String, String> {
+        self.render_with(messages, &[])
+    }
+
+    fn render_with(
+        &self,
+        messages: &[TemplateMessage],
+        tools: &[serde_json::Value],
+    ) -> Result<String, String> {
         let t = self.env.get_template("chat").map_err(|e| e.to_string())?;
+        // Templates test `tools is defined` / `if tools`: none declared is none given.
+        let tools = (!tools.is_empty()).then_some(minijinja::value::Serde(tools));
         t.render(context! {
             messages => minijinja::value::Serde(messages),
+            tools => tools,
             add_generation_prompt => true,
             bos_token => &self.bos,
             eos_token => &self.eos,
@@ -181,6 +209,7 @@ mod tests {
         TemplateMessage {
             role: role.into(),
             content: content.into(),
+            ..Default::default()
         }
     }
 
@@ -192,7 +221,7 @@ mod tests {
             msg("system", "Be brief."),
             msg("user", &format!("  {forged} ")),
         ];
-        let (text, ranges) = t.render_protected(&msgs).unwrap();
+        let (text, ranges) = t.render_protected(&msgs, &[]).unwrap();
         let ranges = ranges.unwrap();
         let got: Vec<&str> = ranges.iter().map(|r| &text[r.clone()]).collect();
         // The user's text, trimmed as Gemma's template trims it, is located whole.
@@ -200,12 +229,12 @@ mod tests {
         // A template that rewrites the text cannot be followed: no ranges.
         let upper = "{% for m in messages %}{{ m.content.upper() }}{% endfor %}";
         let t = ChatTemplate::new(Some(upper), "llama", "", "").unwrap();
-        let (text, ranges) = t.render_protected(&[msg("user", "abc")]).unwrap();
+        let (text, ranges) = t.render_protected(&[msg("user", "abc")], &[]).unwrap();
         assert_eq!((text.as_str(), ranges), ("ABC", None));
         // ChatML, and a text met twice, and an empty one.
         let t = ChatTemplate::new(None, "qwen3", "", "").unwrap();
         let (text, ranges) = t
-            .render_protected(&[msg("user", "<|im_end|>"), msg("assistant", "")])
+            .render_protected(&[msg("user", "<|im_end|>"), msg("assistant", "")], &[])
             .unwrap();
         let start = "<|im_start|>user\n".len();
         assert_eq!(ranges.unwrap(), vec![start..start + 10]);

@@ -133,6 +133,7 @@ pub fn run(a: ServeArgs) -> Result<()> {
     std::io::stdout().flush()?;
     let mut state = AppState::new(engine, tokenizer, template, model_id, api_key, view);
     state.default_max_tokens = a.default_max_tokens.max(1);
+    state.details = weft_server::details::ModelDetails::from_gguf(&path).map_err(|e| anyhow!(e))?;
     let state = Arc::new(state);
     runtime
         .block_on(weft_server::serve(listener, state.clone(), limits))

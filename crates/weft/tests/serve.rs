@@ -4,7 +4,7 @@
 
 mod common;
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::Command;
 
 use serde_json::Value;
@@ -12,31 +12,8 @@ use serde_json::Value;
 use common::real_model;
 use common::server::{assert_same_greedy, complete, post, Server};
 
-/// A Python with the `openai` package: WEFT_PYTHON, the venv `.ci/run` makes, or python3.
-/// Missing is a skip, or a failure where WEFT_REQUIRE_OPENAI=1 (as CI sets).
 fn python() -> Option<PathBuf> {
-    let venv = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target/pyenv/bin/python");
-    let candidates: Vec<PathBuf> = std::env::var_os("WEFT_PYTHON")
-        .map(PathBuf::from)
-        .into_iter()
-        .chain([venv, PathBuf::from("python3")])
-        .collect();
-    for p in candidates {
-        let ok = Command::new(&p)
-            .args(["-c", "import openai"])
-            .output()
-            .map(|o| o.status.success())
-            .unwrap_or(false);
-        if ok {
-            return Some(p);
-        }
-    }
-    assert!(
-        std::env::var("WEFT_REQUIRE_OPENAI").as_deref() != Ok("1"),
-        "no Python with the openai package (WEFT_REQUIRE_OPENAI=1)"
-    );
-    eprintln!("skipping: no Python with the openai package (pip install openai)");
-    None
+    common::server::python(&["openai"])
 }
 
 #[test]

@@ -2,7 +2,7 @@
 //! curl, and its greedy answers compared under the near-tie rule.
 
 use std::io::{BufRead, BufReader};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 
 use serde_json::Value;
@@ -14,6 +14,8 @@ pub const KEY: &str = "test-key-123";
 pub struct Server {
     pub child: Child,
     pub url: String,
+    /// The id the server serves its model under (the file name without `.gguf`).
+    pub model_id: String,
 }
 
 impl Drop for Server {
@@ -50,7 +52,15 @@ impl Server {
             .strip_prefix("listening on ")
             .unwrap_or_else(|| panic!("weft serve printed {line:?}"))
             .to_string();
-        Server { child, url }
+        let model_id = model
+            .file_stem()
+            .map(|s| s.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        Server {
+            child,
+            url,
+            model_id,
+        }
     }
 
     pub fn rss_kb(&self) -> u64 {
@@ -79,22 +89,64 @@ impl Server {
         serde_json::from_str(&body).unwrap_or_else(|e| panic!("GET {path}: {e}: {body} {err}"))
     }
 
+    /// The `openai_client.py` checks in `args`' mode; its JSON line of results.
     pub fn client(&self, py: &Path, args: &[&str]) -> Value {
+        self.script(py, "openai_client.py", &format!("{}/v1", self.url), args)
+    }
+
+    /// A Python client script under `tests/` run against `base` (this server's URL, or
+    /// its `/v1`) with the key and the model id; its one JSON line of results.
+    pub fn script(&self, py: &Path, script: &str, base: &str, args: &[&str]) -> Value {
         let out = Command::new(py)
-            .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/openai_client.py"))
-            .arg(format!("{}/v1", self.url))
-            .args([KEY, "gemma-3-270m-q4_k_m"])
+            .arg(
+                Path::new(env!("CARGO_MANIFEST_DIR"))
+                    .join("tests")
+                    .join(script),
+            )
+            .arg(base)
+            .args([KEY, &self.model_id])
             .args(args)
             .output()
-            .expect("running the openai client");
+            .expect("running a Python client");
         assert!(
             out.status.success(),
-            "openai client {args:?} failed:\n{}\n{}",
+            "{script} {args:?} failed:\n{}\n{}",
             String::from_utf8_lossy(&out.stdout),
             String::from_utf8_lossy(&out.stderr)
         );
         serde_json::from_slice(&out.stdout).unwrap()
     }
+}
+
+/// A Python that imports every one of `modules`: WEFT_PYTHON, the venv `.ci/run` makes,
+/// or python3. Missing is a skip, or a failure where WEFT_REQUIRE_OPENAI=1 (as CI sets).
+pub fn python(modules: &[&str]) -> Option<PathBuf> {
+    let venv = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target/pyenv/bin/python");
+    let candidates: Vec<PathBuf> = std::env::var_os("WEFT_PYTHON")
+        .map(PathBuf::from)
+        .into_iter()
+        .chain([venv, PathBuf::from("python3")])
+        .collect();
+    let import = format!("import {}", modules.join(", "));
+    for p in candidates {
+        let ok = Command::new(&p)
+            .args(["-c", &import])
+            .output()
+            .map(|o| o.status.success())
+            .unwrap_or(false);
+        if ok {
+            return Some(p);
+        }
+    }
+    assert!(
+        std::env::var("WEFT_REQUIRE_OPENAI").as_deref() != Ok("1"),
+        "no Python with {modules:?} (WEFT_REQUIRE_OPENAI=1)"
+    );
+    eprintln!(
+        "skipping: no Python with {modules:?} (pip install {})",
+        modules.join(" ")
+    );
+    None
 }
 
 /// The JSON answer to a POST of `body` to `path`.
