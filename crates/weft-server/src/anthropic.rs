@@ -16,11 +16,11 @@ use serde::Deserialize;
 use serde_json::{json, Value};
 use weft_model::{Event, FinishReason, Generated};
 
-use crate::api::{parse_body, GenOptions, MAX_STOPS};
+use crate::api::{check_sampling, join_text, parse_body, GenOptions, MAX_STOPS};
 use crate::chat::prepare;
 use crate::error::ApiError;
 use crate::responses::{model_error, split_pieces};
-use crate::state::{json_body, submit, AppState};
+use crate::state::{finished, json_body, submit, AppState};
 use crate::tools::{parse_calls, CallSplitter, Piece, ToolCall, ToolChoice, ToolSpec};
 use crate::turn::{ChatInput, ChatTurn, OutputFormat};
 
@@ -136,21 +136,11 @@ struct MessagesRequest {
 fn plain(t: &Text, field: &str) -> Result<String, ApiError> {
     match t {
         Text::Plain(s) => Ok(s.clone()),
-        Text::Blocks(blocks) => {
-            let mut out = String::new();
-            for (i, b) in blocks.iter().enumerate() {
-                match (b.kind.as_str(), &b.text) {
-                    ("text", Some(t)) => out.push_str(t),
-                    (kind, _) => {
-                        return Err(ApiError::bad_request(
-                            format!("{field}.{i}.type"),
-                            format!("block type '{kind}' is not supported here (text only)"),
-                        ))
-                    }
-                }
-            }
-            Ok(out)
-        }
+        Text::Blocks(blocks) => join_text(
+            blocks.iter().map(|b| (b.kind.as_str(), b.text.as_deref())),
+            &["text"],
+            |i| format!("{field}.{i}.type"),
+        ),
     }
 }
 
@@ -289,20 +279,7 @@ impl MessagesRequest {
                 format!("max_tokens = {} must be at least 1", self.max_tokens),
             ));
         }
-        let temperature = self.temperature.unwrap_or(1.0);
-        if !(0.0..=1.0).contains(&temperature) {
-            return Err(ApiError::bad_request(
-                "temperature",
-                format!("temperature = {temperature} must be between 0 and 1"),
-            ));
-        }
-        let top_p = self.top_p.unwrap_or(1.0);
-        if !(top_p > 0.0 && top_p <= 1.0) {
-            return Err(ApiError::bad_request(
-                "top_p",
-                format!("top_p = {top_p} must be in (0, 1]"),
-            ));
-        }
+        let (temperature, top_p) = check_sampling(self.temperature, 1.0, 1.0, self.top_p, 1.0, "")?;
         let stop = self.stop_sequences.clone().unwrap_or_default();
         if stop.len() > MAX_STOPS * 4 {
             return Err(ApiError::bad_request(
@@ -371,39 +348,27 @@ pub async fn messages(
         };
         return Ok(Sse::new(s.events()).into_response());
     }
-    while let Some(ev) = rx.recv().await {
-        match ev {
-            Event::Done(g) => {
-                let (text, calls) = if tools.is_empty() {
-                    (g.text.clone(), Vec::new())
-                } else {
-                    parse_calls(&g.text, &tools)
-                };
-                let mut content = Vec::new();
-                if !text.is_empty() {
-                    content.push(json!({"type": "text", "text": text}));
-                }
-                for c in &calls {
-                    content.push(tool_use(c, true));
-                }
-                let (reason, seq) = stop_reason(&g, !calls.is_empty());
-                return Ok(Json(json!({
-                    "id": id,
-                    "type": "message",
-                    "role": "assistant",
-                    "model": st.model_id,
-                    "content": content,
-                    "stop_reason": reason,
-                    "stop_sequence": seq,
-                    "usage": {"input_tokens": prompt_tokens, "output_tokens": g.token_ids.len()},
-                }))
-                .into_response());
-            }
-            Event::Failed(e) => return Err(model_error(e).into()),
-            Event::Token { .. } => {}
-        }
+    let g = finished(&mut rx).await?;
+    let (text, calls) = parse_calls(&g.text, &tools);
+    let mut content = Vec::new();
+    if !text.is_empty() {
+        content.push(json!({"type": "text", "text": text}));
     }
-    Err(ApiError::unavailable("the inference engine stopped").into())
+    for c in &calls {
+        content.push(tool_use(c, true));
+    }
+    let (reason, seq) = stop_reason(&g, !calls.is_empty());
+    Ok(Json(json!({
+        "id": id,
+        "type": "message",
+        "role": "assistant",
+        "model": st.model_id,
+        "content": content,
+        "stop_reason": reason,
+        "stop_sequence": seq,
+        "usage": {"input_tokens": prompt_tokens, "output_tokens": g.token_ids.len()},
+    }))
+    .into_response())
 }
 
 /// A tool_use block; streamed ones start with an empty input that deltas fill in.

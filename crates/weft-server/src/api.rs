@@ -291,27 +291,12 @@ impl ChatRequest {
         }
         let format = match &self.response_format {
             None => OutputFormat::Text,
-            Some(f) => match f.kind.as_str() {
-                "text" => OutputFormat::Text,
-                "json_object" => OutputFormat::JsonObject,
-                "json_schema" => match f.json_schema.as_ref().and_then(|s| s.schema.clone()) {
-                    Some(schema) if schema.is_object() || schema.is_boolean() => {
-                        OutputFormat::JsonSchema(schema)
-                    }
-                    _ => {
-                        return Err(ApiError::bad_request(
-                            "response_format.json_schema.schema",
-                            "json_schema output needs a schema object",
-                        ))
-                    }
-                },
-                other => {
-                    return Err(ApiError::bad_request(
-                        "response_format.type",
-                        format!("response_format type '{other}' is not one of text, json_object, json_schema"),
-                    ))
-                }
-            },
+            Some(f) => OutputFormat::parse(
+                &f.kind,
+                f.json_schema.as_ref().and_then(|s| s.schema.as_ref()),
+                "response_format.type",
+                "response_format.json_schema.schema",
+            )?,
         };
         Ok(ChatInput {
             messages,
@@ -412,20 +397,7 @@ impl CommonOptions {
             Some(v) => Some(v as usize),
             None => default_max_tokens,
         };
-        let temperature = self.temperature.unwrap_or(1.0);
-        if !(0.0..=2.0).contains(&temperature) {
-            return Err(ApiError::bad_request(
-                "temperature",
-                format!("temperature = {temperature} must be between 0 and 2"),
-            ));
-        }
-        let top_p = self.top_p.unwrap_or(1.0);
-        if !(top_p > 0.0 && top_p <= 1.0) {
-            return Err(ApiError::bad_request(
-                "top_p",
-                format!("top_p = {top_p} must be in (0, 1]"),
-            ));
-        }
+        let (temperature, top_p) = check_sampling(self.temperature, 1.0, 2.0, self.top_p, 1.0, "")?;
         let stop = self.stop.map(OneOrMany::into_vec).unwrap_or_default();
         if stop.len() > MAX_STOPS {
             return Err(ApiError::bad_request(
@@ -451,6 +423,55 @@ impl CommonOptions {
     }
 }
 
+/// Temperature (default `t0`, at most `t_max`) and top_p (default `p0`) checked, with
+/// `prefix` before the field names in errors (`options.` for Ollama).
+pub fn check_sampling(
+    temperature: Option<f32>,
+    t0: f32,
+    t_max: f32,
+    top_p: Option<f32>,
+    p0: f32,
+    prefix: &str,
+) -> Result<(f32, f32), ApiError> {
+    let t = temperature.unwrap_or(t0);
+    if !(0.0..=t_max).contains(&t) {
+        return Err(ApiError::bad_request(
+            format!("{prefix}temperature"),
+            format!("temperature = {t} must be between 0 and {t_max}"),
+        ));
+    }
+    let p = top_p.unwrap_or(p0);
+    if !(p > 0.0 && p <= 1.0) {
+        return Err(ApiError::bad_request(
+            format!("{prefix}top_p"),
+            format!("top_p = {p} must be in (0, 1]"),
+        ));
+    }
+    Ok((t, p))
+}
+
+/// The text of content parts: those whose type is one of `kinds` joined, any other part
+/// refused, naming it by `field(index)`.
+pub fn join_text<'a>(
+    parts: impl Iterator<Item = (&'a str, Option<&'a str>)>,
+    kinds: &[&str],
+    field: impl Fn(usize) -> String,
+) -> Result<String, ApiError> {
+    let mut out = String::new();
+    for (j, (kind, text)) in parts.enumerate() {
+        match text {
+            Some(t) if kinds.contains(&kind) => out.push_str(t),
+            _ => {
+                return Err(ApiError::bad_request(
+                    field(j),
+                    format!("content of type '{kind}' is not supported here (text only)"),
+                ))
+            }
+        }
+    }
+    Ok(out)
+}
+
 /// Checks a top-logprobs count.
 pub fn check_top_logprobs(field: &str, v: i64) -> Result<usize, ApiError> {
     if !(0..=MAX_TOP_LOGPROBS).contains(&v) {
@@ -468,23 +489,11 @@ impl ChatMessage {
         match &self.content {
             None => Ok(String::new()),
             Some(Content::Text(s)) => Ok(s.clone()),
-            Some(Content::Parts(parts)) => {
-                let mut out = String::new();
-                for (j, p) in parts.iter().enumerate() {
-                    match (p.kind.as_str(), &p.text) {
-                        ("text", Some(t)) => out.push_str(t),
-                        (kind, _) => {
-                            return Err(ApiError::bad_request(
-                                format!("messages[{index}].content[{j}]"),
-                                format!(
-                                    "content part of type '{kind}' is not supported (text only)"
-                                ),
-                            ))
-                        }
-                    }
-                }
-                Ok(out)
-            }
+            Some(Content::Parts(parts)) => join_text(
+                parts.iter().map(|p| (p.kind.as_str(), p.text.as_deref())),
+                &["text"],
+                |j| format!("messages[{index}].content[{j}]"),
+            ),
         }
     }
 }

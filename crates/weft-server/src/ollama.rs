@@ -18,12 +18,12 @@ use serde::Deserialize;
 use serde_json::{json, Value};
 use weft_model::{Event, FinishReason, Generated};
 
-use crate::api::{parse_body, GenOptions, MAX_STOPS};
+use crate::api::{check_sampling, parse_body, GenOptions, MAX_STOPS};
 use crate::chat::prepare;
 use crate::details::rfc3339;
 use crate::error::ApiError;
 use crate::responses::model_error;
-use crate::state::{json_body, submit, AppState, Prepared};
+use crate::state::{finished, json_body, submit, AppState, Prepared};
 use crate::tools::{parse_calls, CallSplitter, Piece, ToolCall, ToolChoice, ToolSpec};
 use crate::turn::{ChatInput, ChatTurn, OutputFormat};
 
@@ -138,20 +138,9 @@ struct Options {
 
 impl Options {
     fn check(&self, stream: bool) -> Result<GenOptions, ApiError> {
-        let temperature = self.temperature.unwrap_or(0.8);
-        if !(0.0..=2.0).contains(&temperature) {
-            return Err(ApiError::bad_request(
-                "options.temperature",
-                format!("temperature = {temperature} must be between 0 and 2"),
-            ));
-        }
-        let top_p = self.top_p.unwrap_or(0.9);
-        if !(top_p > 0.0 && top_p <= 1.0) {
-            return Err(ApiError::bad_request(
-                "options.top_p",
-                format!("top_p = {top_p} must be in (0, 1]"),
-            ));
-        }
+        // Ollama's own defaults.
+        let (temperature, top_p) =
+            check_sampling(self.temperature, 0.8, 2.0, self.top_p, 0.9, "options.")?;
         let max_tokens = match self.num_predict {
             None | Some(-1) | Some(-2) => None,
             Some(n) if n < 1 => {
@@ -454,26 +443,14 @@ async fn run(
     };
     let mut rx = submit(&st, field, prepared, &opts)?;
     if !opts.stream {
-        while let Some(ev) = rx.recv().await {
-            match ev {
-                Event::Done(g) => {
-                    let (text, calls) = if tools.is_empty() {
-                        (g.text.clone(), Vec::new())
-                    } else {
-                        parse_calls(&g.text, &tools)
-                    };
-                    let mut o = object(&st, shape, &text, &calls);
-                    o.insert("done".into(), json!(true));
-                    if let Value::Object(s) = stats(&g, started) {
-                        o.extend(s);
-                    }
-                    return Ok(Json(Value::Object(o)).into_response());
-                }
-                Event::Failed(e) => return Err(model_error(e).into()),
-                Event::Token { .. } => {}
-            }
+        let g = finished(&mut rx).await?;
+        let (text, calls) = parse_calls(&g.text, &tools);
+        let mut o = object(&st, shape, &text, &calls);
+        o.insert("done".into(), json!(true));
+        if let Value::Object(s) = stats(&g, started) {
+            o.extend(s);
         }
-        return Err(ApiError::unavailable("the inference engine stopped").into());
+        return Ok(Json(Value::Object(o)).into_response());
     }
     let state = (rx, CallSplitter::default(), false);
     let lines = stream::unfold(state, move |(mut rx, mut split, ended)| {

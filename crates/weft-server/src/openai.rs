@@ -21,7 +21,7 @@ use crate::api::{
 use crate::chat::prepare;
 use crate::error::ApiError;
 use crate::responses::{model_error, Kind, Meta, TokenLogprob};
-use crate::state::{json_body, submit, AppState, Prepared};
+use crate::state::{finished, json_body, submit, AppState, Prepared};
 use crate::tools::{parse_calls, CallSplitter, Piece, ToolSpec};
 
 pub async fn chat(
@@ -121,21 +121,9 @@ async fn respond(
         let stream = sse_stream(st.clone(), meta, rx, opts.include_usage, tools);
         return Ok(Sse::new(stream).into_response());
     }
-    while let Some(ev) = rx.recv().await {
-        match ev {
-            Event::Done(g) => {
-                let (text, calls) = if tools.is_empty() {
-                    (g.text.clone(), Vec::new())
-                } else {
-                    parse_calls(&g.text, &tools)
-                };
-                return Ok(Json(meta.full(&g, &text, &calls, &st.tokenizer)).into_response());
-            }
-            Event::Failed(e) => return Err(model_error(e)),
-            Event::Token { .. } => {}
-        }
-    }
-    Err(ApiError::unavailable("the inference engine stopped"))
+    let g = finished(&mut rx).await?;
+    let (text, calls) = parse_calls(&g.text, &tools);
+    Ok(Json(meta.full(&g, &text, &calls, &st.tokenizer)).into_response())
 }
 
 struct StreamState {

@@ -17,11 +17,11 @@ use serde::Deserialize;
 use serde_json::{json, Value};
 use weft_model::{Event, FinishReason, Generated};
 
-use crate::api::{parse_body, tool_choice, GenOptions, ToolChoiceIn};
+use crate::api::{check_sampling, join_text, parse_body, tool_choice, GenOptions, ToolChoiceIn};
 use crate::chat::prepare;
 use crate::error::ApiError;
 use crate::responses::{model_error, split_pieces, unix_now};
-use crate::state::{json_body, submit, AppState};
+use crate::state::{finished, json_body, submit, AppState};
 use crate::tools::{parse_calls, CallSplitter, Piece, ToolCall, ToolSpec};
 use crate::turn::{ChatInput, ChatTurn, OutputFormat};
 
@@ -126,21 +126,11 @@ fn item_text(c: &Option<ItemContent>, field: &str) -> Result<String, ApiError> {
     match c {
         None => Ok(String::new()),
         Some(ItemContent::Text(s)) => Ok(s.clone()),
-        Some(ItemContent::Parts(parts)) => {
-            let mut out = String::new();
-            for (j, p) in parts.iter().enumerate() {
-                match (p.kind.as_str(), &p.text) {
-                    ("input_text" | "output_text" | "text", Some(t)) => out.push_str(t),
-                    (kind, _) => {
-                        return Err(ApiError::bad_request(
-                            format!("{field}[{j}].type"),
-                            format!("content type '{kind}' is not supported (text only)"),
-                        ))
-                    }
-                }
-            }
-            Ok(out)
-        }
+        Some(ItemContent::Parts(parts)) => join_text(
+            parts.iter().map(|p| (p.kind.as_str(), p.text.as_deref())),
+            &["input_text", "output_text", "text"],
+            |j| format!("{field}[{j}].type"),
+        ),
     }
 }
 
@@ -265,25 +255,12 @@ impl ResponsesRequest {
         };
         let format = match self.text.as_ref().and_then(|t| t.format.as_ref()) {
             None => OutputFormat::Text,
-            Some(f) => match (f.kind.as_str(), &f.schema) {
-                ("text", _) => OutputFormat::Text,
-                ("json_object", _) => OutputFormat::JsonObject,
-                ("json_schema", Some(s)) if s.is_object() => OutputFormat::JsonSchema(s.clone()),
-                ("json_schema", _) => {
-                    return Err(ApiError::bad_request(
-                        "text.format.schema",
-                        "json_schema output needs a schema object",
-                    ))
-                }
-                (other, _) => {
-                    return Err(ApiError::bad_request(
-                        "text.format.type",
-                        format!(
-                            "format type '{other}' is not one of text, json_object, json_schema"
-                        ),
-                    ))
-                }
-            },
+            Some(f) => OutputFormat::parse(
+                &f.kind,
+                f.schema.as_ref(),
+                "text.format.type",
+                "text.format.schema",
+            )?,
         };
         Ok(ChatInput {
             messages: turns,
@@ -315,20 +292,7 @@ impl ResponsesRequest {
             Some(v) => Some((v as u64).min(st.engine.n_ctx as u64 - 1) as usize),
             None => None,
         };
-        let temperature = self.temperature.unwrap_or(1.0);
-        if !(0.0..=2.0).contains(&temperature) {
-            return Err(ApiError::bad_request(
-                "temperature",
-                format!("temperature = {temperature} must be between 0 and 2"),
-            ));
-        }
-        let top_p = self.top_p.unwrap_or(1.0);
-        if !(top_p > 0.0 && top_p <= 1.0) {
-            return Err(ApiError::bad_request(
-                "top_p",
-                format!("top_p = {top_p} must be in (0, 1]"),
-            ));
-        }
+        let (temperature, top_p) = check_sampling(self.temperature, 1.0, 2.0, self.top_p, 1.0, "")?;
         Ok(GenOptions {
             max_tokens,
             temperature,
@@ -453,30 +417,18 @@ pub async fn create(
     if opts.stream {
         return Ok(Sse::new(events(shell, rx, tools)).into_response());
     }
-    while let Some(ev) = rx.recv().await {
-        match ev {
-            Event::Done(g) => {
-                let (text, calls) = if tools.is_empty() {
-                    (g.text.clone(), Vec::new())
-                } else {
-                    parse_calls(&g.text, &tools)
-                };
-                let mut output = Vec::new();
-                if !text.is_empty() || calls.is_empty() {
-                    output.push(shell.message(&text, "completed"));
-                }
-                output.extend(
-                    calls
-                        .iter()
-                        .map(|c| call_item(c, &c.arguments, "completed")),
-                );
-                return Ok(Json(shell.object(status_of(&g), output, Some(&g))).into_response());
-            }
-            Event::Failed(e) => return Err(model_error(e)),
-            Event::Token { .. } => {}
-        }
+    let g = finished(&mut rx).await?;
+    let (text, calls) = parse_calls(&g.text, &tools);
+    let mut output = Vec::new();
+    if !text.is_empty() || calls.is_empty() {
+        output.push(shell.message(&text, "completed"));
     }
-    Err(ApiError::unavailable("the inference engine stopped"))
+    output.extend(
+        calls
+            .iter()
+            .map(|c| call_item(c, &c.arguments, "completed")),
+    );
+    Ok(Json(shell.object(status_of(&g), output, Some(&g))).into_response())
 }
 
 /// The stream's state: what has been said, to number events and build the final object.

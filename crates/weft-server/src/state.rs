@@ -13,14 +13,14 @@ use axum::http::header::CONTENT_TYPE;
 use axum::http::HeaderMap;
 use serde_json::{json, Value};
 use weft_grammar::Grammars;
-use weft_model::{Event, GenerateRequest, SamplingParams, TokenConstraint};
+use weft_model::{Event, GenerateRequest, Generated, SamplingParams, TokenConstraint};
 use weft_tokenizer::Tokenizer;
 
 use crate::api::GenOptions;
 use crate::details::ModelDetails;
 use crate::engine::EngineHandle;
 use crate::error::ApiError;
-use crate::responses::unix_now;
+use crate::responses::{model_error, unix_now};
 use crate::template::ChatTemplate;
 
 /// The tokens to run and the rule to sample under.
@@ -195,4 +195,18 @@ pub fn submit(
         logprobs: opts.logprobs.map(|k| k.max(1)).unwrap_or(0),
     };
     st.engine.submit(req, rule)
+}
+
+/// The end of a generation that is not streamed: its result, or the error that ended it.
+pub async fn finished(
+    rx: &mut tokio::sync::mpsc::UnboundedReceiver<Event>,
+) -> Result<Generated, ApiError> {
+    while let Some(ev) = rx.recv().await {
+        match ev {
+            Event::Done(g) => return Ok(g),
+            Event::Failed(e) => return Err(model_error(e)),
+            Event::Token { .. } => {}
+        }
+    }
+    Err(ApiError::unavailable("the inference engine stopped"))
 }

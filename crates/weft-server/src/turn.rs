@@ -3,6 +3,7 @@
 
 use serde_json::Value;
 
+use crate::error::ApiError;
 use crate::tools::{ToolCall, ToolChoice, ToolSpec};
 
 /// What the output must be.
@@ -14,6 +15,33 @@ pub enum OutputFormat {
     JsonObject,
     /// One JSON value valid against this schema.
     JsonSchema(Value),
+}
+
+impl OutputFormat {
+    /// `text`, `json_object` or `json_schema` (with its schema), as OpenAI's two APIs
+    /// name them; errors name `kind_field` or `schema_field`.
+    pub fn parse(
+        kind: &str,
+        schema: Option<&Value>,
+        kind_field: &str,
+        schema_field: &str,
+    ) -> Result<Self, ApiError> {
+        match (kind, schema) {
+            ("text", _) => Ok(OutputFormat::Text),
+            ("json_object", _) => Ok(OutputFormat::JsonObject),
+            ("json_schema", Some(s)) if s.is_object() || s.is_boolean() => {
+                Ok(OutputFormat::JsonSchema(s.clone()))
+            }
+            ("json_schema", _) => Err(ApiError::bad_request(
+                schema_field,
+                "json_schema output needs a schema object",
+            )),
+            (other, _) => Err(ApiError::bad_request(
+                kind_field,
+                format!("format type '{other}' is not one of text, json_object, json_schema"),
+            )),
+        }
+    }
 }
 
 /// A chat turn in weft's own terms.
