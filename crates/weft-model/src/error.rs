@@ -24,6 +24,10 @@ pub enum ModelError {
     Collective(String),
     #[error("{0}")]
     Invalid(String),
+    /// The output rule (a grammar) failed mid-generation: the server's fault, not the
+    /// request's.
+    #[error("constrained decoding: {0}")]
+    Constraint(String),
     /// The forward pass produced logits no token can be sampled from (NaN weights, an
     /// overflow): this request fails, the engine goes on.
     #[error("the model produced non-finite logits ({what}) at token position {pos}")]

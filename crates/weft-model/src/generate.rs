@@ -183,7 +183,7 @@ impl<'a> Sequence<'a> {
             }
             if let Err(why) = rule.mask(logits) {
                 self.finished = true;
-                return Err(ModelError::Invalid(format!("constrained decoding: {why}")));
+                return Err(ModelError::Constraint(why));
             }
         }
         let tok = self.sampler.sample_checked(logits, &self.history);
@@ -195,12 +195,19 @@ impl<'a> Sequence<'a> {
         if let Some(rule) = &mut self.constraint {
             if let Err(why) = rule.accept(tok) {
                 self.finished = true;
-                return Err(ModelError::Invalid(format!("constrained decoding: {why}")));
+                return Err(ModelError::Constraint(why));
             }
         }
         if let (Some(z), Some(top)) = (z, top) {
             let raw = kept.as_deref().unwrap_or(logits)[tok as usize];
-            self.out.logprobs.push((raw - z, top));
+            // A rule can pick a token outside a cluster's candidates, whose logit is not
+            // known: it is reported as OpenAI reports the very unlikely, -9999.
+            let lp = if (raw - z).is_finite() {
+                raw - z
+            } else {
+                -9999.0
+            };
+            self.out.logprobs.push((lp, top));
         }
         self.out.token_ids.push(tok);
         self.history.push(tok);

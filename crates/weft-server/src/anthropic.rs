@@ -287,10 +287,12 @@ impl MessagesRequest {
                 format!("{} stop sequences; at most {}", stop.len(), MAX_STOPS * 4),
             ));
         }
-        // The context bounds max_tokens, as for the other APIs.
+        // Clients send large limits of their own: the context's room caps it.
         let max = (self.max_tokens as u64).min(st.engine.n_ctx as u64) as usize;
         Ok(GenOptions {
-            max_tokens: Some(max.min(st.engine.n_ctx.saturating_sub(1)).max(1)),
+            max_tokens: Some(max),
+            max_tokens_field: "max_tokens",
+            cap_max_tokens: true,
             temperature,
             top_p,
             seed: rand::random(),

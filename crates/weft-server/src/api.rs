@@ -335,6 +335,11 @@ pub struct CompletionRequest {
 pub struct GenOptions {
     /// None: up to the context's end.
     pub max_tokens: Option<usize>,
+    /// The request's name for the limit, for errors (`max_tokens`, `options.num_predict`).
+    pub max_tokens_field: &'static str,
+    /// A limit past the context's room is cut to fit (Anthropic, Responses, Ollama, whose
+    /// clients send their own large defaults) rather than refused (OpenAI's completions).
+    pub cap_max_tokens: bool,
     pub temperature: f32,
     pub top_p: f32,
     pub seed: u64,
@@ -408,6 +413,8 @@ impl CommonOptions {
         let stream = self.stream.unwrap_or(false);
         Ok(GenOptions {
             max_tokens,
+            max_tokens_field: field,
+            cap_max_tokens: false,
             temperature,
             top_p,
             seed: self.seed.map(|s| s as u64).unwrap_or_else(rand::random),

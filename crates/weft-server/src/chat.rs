@@ -15,7 +15,7 @@ use crate::turn::{ChatInput, ChatTurn, OutputFormat};
 
 /// Renders `input` through the model's template and builds its rule.
 pub async fn prepare(st: &Arc<AppState>, input: &ChatInput) -> Result<Prepared, ApiError> {
-    let (msgs_field, tools_field, format_field) = input.fields;
+    let (msgs_field, tools_field, _) = input.fields;
     if input.messages.is_empty() {
         return Err(ApiError::bad_request(
             msgs_field,
@@ -40,7 +40,7 @@ pub async fn prepare(st: &Arc<AppState>, input: &ChatInput) -> Result<Prepared, 
         .render_protected(&msgs, &tools)
         .map_err(|e| ApiError::bad_request(msgs_field, e))?;
     let prompt = encode(st, &text, texts_at, &msgs, &tools, msgs_field)?;
-    let rule = rule_for(st, input, format_field).await?;
+    let rule = rule_for(st, input).await?;
     Ok(Prepared { prompt, rule })
 }
 
@@ -105,13 +105,10 @@ fn text_turns(turns: &[ChatTurn], offered: &[ToolSpec]) -> Vec<TemplateMessage> 
             }
             r => (r, t.text.clone()),
         };
+        // Results, and a user's words after them, share one user turn: turns alternate.
+        let after_results = i > 0 && turns[i - 1].role == "tool";
         match out.last_mut() {
-            Some(last)
-                if t.role == "tool"
-                    && last.role == "user"
-                    && i > 0
-                    && turns[i - 1].role == "tool" =>
-            {
+            Some(last) if role == "user" && last.role == "user" && after_results => {
                 last.content.push('\n');
                 last.content.push_str(&content);
             }
@@ -165,11 +162,11 @@ fn encode(
     }
 }
 
-/// The rule for a forced call or a structured output, if the request asks for one.
-async fn rule_for(
+/// The rule for a forced call or a structured output, if `input` asks for one; compiled
+/// off the async threads (a large schema takes a while).
+pub async fn rule_for(
     st: &Arc<AppState>,
     input: &ChatInput,
-    format_field: &str,
 ) -> Result<Option<Box<dyn TokenConstraint>>, ApiError> {
     let forced: Vec<ToolSpec> = match &input.choice {
         ToolChoice::Required => input.tools.clone(),
@@ -185,27 +182,32 @@ async fn rule_for(
         return Ok(None);
     }
     let grammars = grammars(st).await?;
-    let rule = if !forced.is_empty() {
-        grammars.lark(&call_grammar(&forced)).map_err(|e| {
-            ApiError::bad_request(
-                input.fields.1,
-                format!("a tool's parameters schema cannot be held while sampling: {e}"),
-            )
-        })?
-    } else {
-        match &input.format {
+    let format = input.format.clone();
+    let (_, tools_field, format_field) = input.fields;
+    let compiled = tokio::task::spawn_blocking(move || {
+        if !forced.is_empty() {
+            return grammars.lark(&call_grammar(&forced)).map_err(|e| {
+                ApiError::bad_request(
+                    tools_field,
+                    format!("a tool's parameters schema cannot be held while sampling: {e}"),
+                )
+            });
+        }
+        match &format {
             OutputFormat::JsonSchema(schema) => grammars.json_schema(schema).map_err(|e| {
                 ApiError::bad_request(
                     format_field,
                     format!("the JSON Schema cannot be held while sampling: {e}"),
                 )
-            })?,
+            }),
             _ => grammars
                 .json_object()
-                .map_err(|e| ApiError::internal(format!("the JSON grammar: {e}")))?,
+                .map_err(|e| ApiError::internal(format!("the JSON grammar: {e}"))),
         }
-    };
-    Ok(Some(Box::new(rule)))
+    })
+    .await
+    .map_err(|e| ApiError::internal(format!("compiling the grammar: {e}")))?;
+    Ok(Some(Box::new(compiled?)))
 }
 
 /// The grammar engine over this model's vocabulary, built on first use (off the async
@@ -260,6 +262,7 @@ mod tests {
             asked,
             result,
             second,
+            turn("user", "And tomorrow?"),
         ];
         (turns, vec![tool])
     }
@@ -281,7 +284,7 @@ mod tests {
         // Both results in one user turn, in order.
         assert_eq!(
             msgs[3].content,
-            "<tool_response>\n{\"c\": 3}\n</tool_response>\n<tool_response>\n{\"c\": 4}\n</tool_response>"
+            "<tool_response>\n{\"c\": 3}\n</tool_response>\n<tool_response>\n{\"c\": 4}\n</tool_response>\nAnd tomorrow?"
         );
         // Gemma's turn format accepts the result (it refuses turns that do not alternate).
         let gemma = ChatTemplate::new(None, "gemma3", "<bos>", "<eos>").unwrap();
@@ -305,7 +308,7 @@ mod tests {
         assert_eq!(
             text,
             "[TOOLS get_weather][system]Be brief.[user]Weather?[assistant]<call get_weather Oslo>\
-             [tool]{\"c\": 3}<for call_1>[tool]{\"c\": 4}<for call_1>"
+             [tool]{\"c\": 3}<for call_1>[tool]{\"c\": 4}<for call_1>[user]And tomorrow?"
         );
         assert!(ranges.is_some(), "the texts are still located");
     }

@@ -19,7 +19,7 @@ use serde_json::{json, Value};
 use weft_model::{Event, FinishReason, Generated};
 
 use crate::api::{check_sampling, parse_body, GenOptions, MAX_STOPS};
-use crate::chat::prepare;
+use crate::chat::{prepare, rule_for};
 use crate::details::rfc3339;
 use crate::error::ApiError;
 use crate::responses::model_error;
@@ -149,7 +149,7 @@ impl Options {
                     format!("num_predict = {n} must be at least 1 (or -1 for no limit)"),
                 ))
             }
-            Some(n) => Some(n as usize),
+            Some(n) => Some(n.min(u32::MAX as i64) as usize),
         };
         let stop = self.stop.clone().unwrap_or_default();
         if stop.len() > MAX_STOPS * 4 {
@@ -160,6 +160,8 @@ impl Options {
         }
         Ok(GenOptions {
             max_tokens,
+            max_tokens_field: "options.num_predict",
+            cap_max_tokens: true,
             temperature,
             top_p,
             seed: self.seed.map(|s| s as u64).unwrap_or_else(rand::random),
@@ -272,20 +274,15 @@ pub async fn generate(
             prompt: st.tokenizer.encode(&prompt, true, true),
             rule: None,
         };
-        if !matches!(format, OutputFormat::Text) {
-            let input = ChatInput {
-                messages: vec![ChatTurn {
-                    role: "user".into(),
-                    text: prompt.clone(),
-                    ..Default::default()
-                }],
-                tools: Vec::new(),
-                choice: ToolChoice::None,
-                format,
-                fields: ("prompt", "tools", "format"),
-            };
-            p.rule = prepare(&st, &input).await?.rule;
-        }
+        let input = ChatInput {
+            messages: Vec::new(),
+            tools: Vec::new(),
+            choice: ToolChoice::None,
+            format,
+            fields: ("prompt", "tools", "format"),
+        };
+        // A raw prompt skips the template; only the output format's rule is needed.
+        p.rule = rule_for(&st, &input).await?;
         p
     } else {
         let mut messages = Vec::new();
@@ -316,6 +313,7 @@ pub async fn generate(
 /// A chat body as a chat turn, checked.
 fn chat_input(req: &ChatBody) -> Result<ChatInput, ApiError> {
     let mut messages = Vec::new();
+    let mut unanswered = std::collections::VecDeque::new();
     for (i, m) in req.messages.iter().enumerate() {
         if !["system", "user", "assistant", "tool"].contains(&m.role.as_str()) {
             return Err(ApiError::bad_request(
@@ -326,7 +324,7 @@ fn chat_input(req: &ChatBody) -> Result<ChatInput, ApiError> {
                 ),
             ));
         }
-        let calls = m
+        let calls: Vec<ToolCall> = m
             .tool_calls
             .iter()
             .flatten()
@@ -337,11 +335,22 @@ fn chat_input(req: &ChatBody) -> Result<ChatInput, ApiError> {
                 )
             })
             .collect();
+        // Ollama's tool turns carry no call id: they answer the calls before them, in order.
+        unanswered.extend(calls.iter().map(|c| c.id.clone()));
+        let call_id = if m.role == "tool" {
+            Some(
+                unanswered
+                    .pop_front()
+                    .unwrap_or_else(|| format!("call_{i}")),
+            )
+        } else {
+            None
+        };
         messages.push(ChatTurn {
             role: m.role.clone(),
             text: m.content.clone().unwrap_or_default(),
             calls,
-            call_id: (m.role == "tool").then(|| format!("call_{i}")),
+            call_id,
             tool_name: m.tool_name.clone(),
         });
     }

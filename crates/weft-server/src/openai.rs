@@ -41,8 +41,8 @@ pub async fn chat(
         _ => None,
     };
     let input = req.input()?;
-    let prepared = prepare(&st, &input).await?;
     let opts = req.common.check(&st.model_id, st.engine.n_ctx, None, top)?;
+    let prepared = prepare(&st, &input).await?;
     let tools = input.offered().to_vec();
     respond(&st, Kind::Chat, "messages", prepared, opts, tools).await
 }
@@ -220,6 +220,11 @@ fn sse_stream(
                     }
                     s.text_len += text.len();
                 } else {
+                    // Text may be held back as a possible call; its tokens' logprobs
+                    // go out at once, on a chunk of their own.
+                    if !lp.is_empty() {
+                        out.push(data(&s.meta.chunk(Some(""), false, &lp, 0, None, &tok)));
+                    }
                     let pieces = s.splitter.push(&text, &s.tools);
                     s.pieces(pieces, &mut out);
                 }

@@ -22,7 +22,7 @@ use crate::chat::prepare;
 use crate::error::ApiError;
 use crate::responses::{model_error, split_pieces, unix_now};
 use crate::state::{finished, json_body, submit, AppState};
-use crate::tools::{parse_calls, CallSplitter, Piece, ToolCall, ToolSpec};
+use crate::tools::{parse_calls, CallSplitter, Piece, ToolCall, ToolChoice, ToolSpec};
 use crate::turn::{ChatInput, ChatTurn, OutputFormat};
 
 #[derive(Debug, Deserialize)]
@@ -289,12 +289,14 @@ impl ResponsesRequest {
                     format!("max_output_tokens = {v} must be at least 1"),
                 ))
             }
-            Some(v) => Some((v as u64).min(st.engine.n_ctx as u64 - 1) as usize),
+            Some(v) => Some((v as u64).min(st.engine.n_ctx as u64) as usize),
             None => None,
         };
         let (temperature, top_p) = check_sampling(self.temperature, 1.0, 2.0, self.top_p, 1.0, "")?;
         Ok(GenOptions {
             max_tokens,
+            max_tokens_field: "max_output_tokens",
+            cap_max_tokens: true,
             temperature,
             top_p,
             seed: rand::random(),
@@ -317,6 +319,10 @@ struct Shell {
     max_output_tokens: Option<usize>,
     temperature: f32,
     top_p: f32,
+    /// The request's tools, tool choice and text format, echoed as the API does.
+    tools: Value,
+    tool_choice: Value,
+    format: Value,
 }
 
 impl Shell {
@@ -349,10 +355,10 @@ impl Shell {
             "max_output_tokens": self.max_output_tokens,
             "temperature": self.temperature,
             "top_p": self.top_p,
-            "tools": [],
-            "tool_choice": "auto",
+            "tools": self.tools,
+            "tool_choice": self.tool_choice,
             "parallel_tool_calls": true,
-            "text": {"format": {"type": "text"}},
+            "text": {"format": self.format},
             "truncation": "disabled",
             "metadata": {},
             "timings": g.map(crate::responses::timings),
@@ -380,6 +386,7 @@ fn call_item(c: &ToolCall, arguments: &str, status: &str) -> Value {
     })
 }
 
+/// The response's status, and its message's: cut by the token limit is incomplete.
 fn status_of(g: &Generated) -> &'static str {
     match g.finish {
         FinishReason::Length => "incomplete",
@@ -403,7 +410,7 @@ pub async fn create(
     let prepared = prepare(&st, &input).await?;
     let shell = Shell {
         id: format!("resp_{:032x}", rand::random::<u128>()),
-        msg_id: format!("msg_{:032x}", rand::random::<u128>()),
+        msg_id: new_message_id(),
         created: unix_now(),
         model: st.model_id.clone(),
         prompt_tokens: prepared.prompt.len(),
@@ -411,6 +418,27 @@ pub async fn create(
         max_output_tokens: opts.max_tokens,
         temperature: opts.temperature,
         top_p: opts.top_p,
+        tools: input
+            .tools
+            .iter()
+            .map(|t| {
+                json!({"type": "function", "name": t.name, "description": t.description,
+                       "parameters": t.parameters, "strict": false})
+            })
+            .collect(),
+        tool_choice: match &input.choice {
+            ToolChoice::Auto => json!("auto"),
+            ToolChoice::None => json!("none"),
+            ToolChoice::Required => json!("required"),
+            ToolChoice::Named(n) => json!({"type": "function", "name": n}),
+        },
+        format: match &input.format {
+            OutputFormat::Text => json!({"type": "text"}),
+            OutputFormat::JsonObject => json!({"type": "json_object"}),
+            OutputFormat::JsonSchema(s) => {
+                json!({"type": "json_schema", "name": "output", "schema": s, "strict": true})
+            }
+        },
     };
     let mut rx = submit(&st, "input", prepared, &opts)?;
     let tools = input.offered().to_vec();
@@ -421,7 +449,7 @@ pub async fn create(
     let (text, calls) = parse_calls(&g.text, &tools);
     let mut output = Vec::new();
     if !text.is_empty() || calls.is_empty() {
-        output.push(shell.message(&text, "completed"));
+        output.push(shell.message(&text, status_of(&g)));
     }
     output.extend(
         calls
@@ -429,6 +457,10 @@ pub async fn create(
             .map(|c| call_item(c, &c.arguments, "completed")),
     );
     Ok(Json(shell.object(status_of(&g), output, Some(&g))).into_response())
+}
+
+fn new_message_id() -> String {
+    format!("msg_{:032x}", rand::random::<u128>())
 }
 
 /// The stream's state: what has been said, to number events and build the final object.
@@ -455,7 +487,7 @@ impl Streamed {
         SseEvent::default().event(kind).data(v.to_string())
     }
 
-    fn close_message(&mut self, out: &mut Vec<SseEvent>) {
+    fn close_message(&mut self, status: &str, out: &mut Vec<SseEvent>) {
         let Some(i) = self.message.take() else { return };
         let id = self.shell.msg_id.clone();
         let text = std::mem::take(&mut self.text);
@@ -470,7 +502,7 @@ impl Streamed {
             json!({"item_id": id, "output_index": i, "content_index": 0, "part": part}),
         );
         out.push(e);
-        let item = self.shell.message(&text, "completed");
+        let item = self.shell.message(&text, status);
         let e = self.ev(
             "response.output_item.done",
             json!({"output_index": i, "item": item}),
@@ -483,6 +515,10 @@ impl Streamed {
         for p in pieces {
             match p {
                 Piece::Text(t) => {
+                    if self.message.is_none() {
+                        // Each message item has its own id (text can follow a call).
+                        self.shell.msg_id = new_message_id();
+                    }
                     let id = self.shell.msg_id.clone();
                     let i = match self.message {
                         Some(i) => i,
@@ -510,7 +546,7 @@ impl Streamed {
                     out.push(e);
                 }
                 Piece::Call(c) => {
-                    self.close_message(out);
+                    self.close_message("completed", out);
                     let i = self.done_items.len();
                     let item_id = c.id.replacen("call_", "fc_", 1);
                     let e = self.ev(
@@ -590,7 +626,7 @@ fn events(
                     // An empty answer is still one (empty) message.
                     s.pieces(vec![Piece::Text(String::new())], &mut out);
                 }
-                s.close_message(&mut out);
+                s.close_message(status_of(&g), &mut out);
                 let items = std::mem::take(&mut s.done_items);
                 let status = status_of(&g);
                 let r = s.shell.object(status, items, Some(&g));

@@ -291,6 +291,9 @@ pub fn model_error(e: ModelError) -> ApiError {
         ModelError::ContextFull { .. } | ModelError::BadToken { .. } => {
             ApiError::bad_request("", e.to_string())
         }
+        ModelError::Constraint(_) => {
+            ApiError::internal(e.to_string()).with_code("constraint_failed")
+        }
         ModelError::NonFiniteLogits { .. } => {
             ApiError::internal(e.to_string()).with_code("non_finite_logits")
         }

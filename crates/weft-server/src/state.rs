@@ -163,18 +163,19 @@ pub fn submit(
         .with_code("context_length_exceeded"));
     }
     let room = n_ctx - prompt.len();
+    let field = opts.max_tokens_field;
     let max_tokens = match opts.max_tokens {
-        Some(m) if m > room => {
+        Some(m) if m > room && !opts.cap_max_tokens => {
             return Err(ApiError::bad_request(
-                "max_tokens",
+                field,
                 format!(
-                    "the prompt's {} tokens plus max_tokens = {m} exceed the context of {n_ctx}",
+                    "the prompt's {} tokens plus {field} = {m} exceed the context of {n_ctx}",
                     prompt.len()
                 ),
             )
             .with_code("context_length_exceeded"))
         }
-        Some(m) => m,
+        Some(m) => m.min(room),
         // A request that sets no limit gets the server's, not the whole context.
         None => room.min(st.default_max_tokens),
     };

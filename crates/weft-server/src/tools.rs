@@ -232,6 +232,9 @@ pub struct CallSplitter {
     said: bool,
     /// Calls given out so far.
     pub calls: usize,
+    /// Whitespace after a call, given out only if text follows (the whole answer's text
+    /// is trimmed, and the newlines between calls are not content).
+    gap: String,
 }
 
 /// What the splitter gives out.
@@ -291,7 +294,12 @@ impl CallSplitter {
         if text.is_empty() {
             return;
         }
+        if self.calls > 0 && text.trim().is_empty() {
+            self.gap.push_str(&text);
+            return;
+        }
         self.said |= !text.trim().is_empty();
+        let text = std::mem::take(&mut self.gap) + &text;
         out.push(Piece::Text(text));
     }
 
@@ -400,6 +408,13 @@ mod tests {
             assert_eq!(calls.len(), 1, "cut at {cut}");
             assert_eq!(calls[0].name, "add");
         }
+        // The newlines between and after calls are not text.
+        let two = "<tool_call>\n{\"name\": \"add\", \"arguments\": {}}\n</tool_call>\n<tool_call>\n{\"name\": \"add\", \"arguments\": {}}\n</tool_call>\n";
+        let mut s = CallSplitter::default();
+        let mut got = s.push(two, &t);
+        got.extend(s.finish(&t));
+        assert!(got.iter().all(|p| matches!(p, Piece::Call(_))), "{got:?}");
+        assert_eq!(got.len(), 2);
         // Text shows before the output ends; a bare call is held to the end.
         let mut s = CallSplitter::default();
         assert_eq!(

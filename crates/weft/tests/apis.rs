@@ -168,6 +168,29 @@ fn malformed_requests_get_each_apis_error_shape() {
         ("401", Some("authentication_error")),
         "{v}"
     );
+    // A limit past the context's room is cut to fit in the APIs whose clients send large
+    // limits of their own (OpenAI's refuses it, naming the field).
+    let body =
+        json!({"model": id, "max_tokens": 100_000, "messages": [{"role": "user", "content": "x"}]});
+    let (code, v) = raw(&s, "/v1/messages", &body.to_string(), &[ct, &key]);
+    assert_eq!(code, 200, "{v}");
+    assert!(
+        v["usage"]["output_tokens"]
+            .as_u64()
+            .is_some_and(|n| n > 0 && n < 1024),
+        "{v}"
+    );
+    let body = json!({"model": id, "max_output_tokens": 100_000, "input": "x"});
+    let (code, v) = raw(&s, "/v1/responses", &body.to_string(), &[ct]);
+    assert_eq!(code, 200, "{v}");
+    let body =
+        json!({"model": id, "max_tokens": 100_000, "messages": [{"role": "user", "content": "x"}]});
+    let (code, v) = raw(&s, "/v1/chat/completions", &body.to_string(), &[ct]);
+    assert_eq!(
+        (code, v["error"]["param"].as_str()),
+        (400, Some("max_tokens")),
+        "{v}"
+    );
     // Ollama: messages of the wrong type; no Content-Type at all is still read as JSON.
     let body = json!({"model": id, "messages": 5});
     let (code, v) = raw(&s, "/api/chat", &body.to_string(), &[]);
