@@ -5,6 +5,7 @@
 pub mod anthropic;
 pub mod api;
 pub mod chat;
+pub mod dashboard;
 pub mod details;
 pub mod engine;
 pub mod error;

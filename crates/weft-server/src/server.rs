@@ -31,9 +31,11 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/api/generate", post(crate::ollama::generate))
         .route("/api/chat", post(crate::ollama::chat))
         .route("/v1/cluster", get(cluster))
+        .route("/v1/dashboard/events", get(crate::dashboard::events))
         .route_layer(middleware::from_fn_with_state(state.clone(), check_key))
         .layer(DefaultBodyLimit::max(BODY_LIMIT));
     Router::new()
+        .route("/", get(crate::dashboard::page))
         .route("/health", get(health))
         .route("/api/version", get(crate::ollama::version))
         .merge(v1)
@@ -159,7 +161,11 @@ async fn health(State(st): State<Arc<AppState>>) -> Response {
         let body = json!({"status": "engine stopped", "reason": why, "model": st.model_id});
         return (axum::http::StatusCode::SERVICE_UNAVAILABLE, Json(body)).into_response();
     }
-    Json(json!({"status": "ok", "model": st.model_id, "live": st.live()})).into_response()
+    // Whether a key is needed is said here, so the dashboard asks for one before it
+    // makes a request that would be refused.
+    let body = json!({"status": "ok", "model": st.model_id, "api_key_required": st.api_key.is_some(),
+                      "live": st.live()});
+    Json(body).into_response()
 }
 
 fn model_card(st: &AppState) -> Value {
@@ -179,11 +185,5 @@ async fn model(State(st): State<Arc<AppState>>, Path(id): Path<String>) -> Respo
 }
 
 async fn cluster(State(st): State<Arc<AppState>>) -> Json<Value> {
-    let mut v = st.cluster.describe();
-    if let Value::Object(m) = &mut v {
-        m.insert("model".into(), json!(st.model_id));
-        m.insert("n_ctx".into(), json!(st.engine.n_ctx));
-        m.insert("live".into(), st.live());
-    }
-    Json(v)
+    Json(st.cluster_json())
 }

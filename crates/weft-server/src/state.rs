@@ -81,6 +81,18 @@ impl AppState {
         }
     }
 
+    /// `/v1/cluster`: the machines behind the server, the model and the live counters.
+    pub fn cluster_json(&self) -> Value {
+        let mut v = self.cluster.describe();
+        if let Value::Object(m) = &mut v {
+            m.insert("model".into(), json!(self.model_id));
+            m.insert("n_ctx".into(), json!(self.engine.n_ctx));
+            m.insert("details".into(), self.details.json());
+            m.insert("live".into(), self.live());
+        }
+        v
+    }
+
     pub(crate) fn live(&self) -> Value {
         let s = &self.engine.stats;
         let tok_s = self

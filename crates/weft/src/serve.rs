@@ -65,6 +65,7 @@ impl ClusterView for LocalView {
                 "kv_bytes": self.kv_bytes,
                 "rss_bytes": weft_cluster::procinfo::rss_bytes(),
                 "threads": self.threads,
+                "state": "ready",
             }],
             "links": [],
         })

@@ -43,6 +43,49 @@ const TOP_K: usize = 64;
 struct ClusterInfo {
     described: Arc<Mutex<Value>>,
     events: Arc<Mutex<Vec<ResumeEvent>>>,
+    /// Nodes whose address refused a connection at the last probe.
+    unreachable: Arc<Mutex<Vec<String>>>,
+}
+
+/// How often the nodes' addresses are probed, so a node that dies while the cluster is
+/// idle shows as lost (the data plane notices only at the next step).
+const LIVENESS_EVERY: Duration = Duration::from_secs(1);
+const LIVENESS_TIMEOUT: Duration = Duration::from_millis(500);
+
+/// Probes every node of the current description with a TCP connect, once a second, for
+/// the life of the process, and keeps the list of those that did not answer.
+fn probe_nodes(described: Arc<Mutex<Value>>, unreachable: Arc<Mutex<Vec<String>>>) {
+    let spawned = std::thread::Builder::new()
+        .name("weft-node-probe".into())
+        .spawn(move || loop {
+            let addrs: Vec<String> = described
+                .lock()
+                .map(|d| {
+                    d["nodes"]
+                        .as_array()
+                        .into_iter()
+                        .flatten()
+                        .filter_map(|n| n["address"].as_str().map(String::from))
+                        .collect()
+                })
+                .unwrap_or_default();
+            let down: Vec<String> = addrs
+                .into_iter()
+                .filter(|a| {
+                    let reached = a.parse::<std::net::SocketAddr>().is_ok_and(|sa| {
+                        std::net::TcpStream::connect_timeout(&sa, LIVENESS_TIMEOUT).is_ok()
+                    });
+                    !reached
+                })
+                .collect();
+            if let Ok(mut u) = unreachable.lock() {
+                *u = down;
+            }
+            std::thread::sleep(LIVENESS_EVERY);
+        });
+    if let Err(e) = spawned {
+        tracing::warn!("cannot start the node probe: {e}");
+    }
 }
 
 impl ClusterView for ClusterInfo {
@@ -54,6 +97,19 @@ impl ClusterView for ClusterInfo {
             .unwrap_or_else(|_| json!({"mode": "cluster"}));
         if let (Some(o), Ok(e)) = (v.as_object_mut(), self.events.lock()) {
             o.insert("resumes".into(), json!(*e));
+        }
+        let down = self
+            .unreachable
+            .lock()
+            .map(|u| u.clone())
+            .unwrap_or_default();
+        if let Some(nodes) = v.get_mut("nodes").and_then(Value::as_array_mut) {
+            for n in nodes {
+                let lost = n["address"]
+                    .as_str()
+                    .is_some_and(|a| down.iter().any(|d| d == a));
+                n["state"] = json!(if lost { "lost" } else { "ready" });
+            }
         }
         v
     }
@@ -246,10 +302,16 @@ pub fn start(a: &ServeArgs, path: &Path, opts: BatchOptions) -> Result<Started> 
     let events = backend.events();
     let handle = EngineHandle::start(backend, tokenizer.clone(), opts)
         .context("starting the batcher thread")?;
+    let unreachable = Arc::new(Mutex::new(Vec::new()));
+    probe_nodes(described.clone(), unreachable.clone());
     Ok((
         handle,
         tokenizer,
         template,
-        Box::new(ClusterInfo { described, events }),
+        Box::new(ClusterInfo {
+            described,
+            events,
+            unreachable,
+        }),
     ))
 }

@@ -1,0 +1,146 @@
+//! The dashboard as its data reaches a browser: `GET /` is the page, open to all;
+//! `/v1/dashboard/events` streams the cluster view once a second behind the API key, with
+//! both nodes of a local TP=2 cluster, their shards, the model and the live counters, and a
+//! node killed while the cluster is idle shows as lost within five seconds.
+
+mod common;
+
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+use common::real_model;
+use common::server::Server;
+
+/// The JSON events `/v1/dashboard/events` sends in `secs` seconds.
+fn events(s: &Server, secs: u32) -> Vec<Value> {
+    let url = format!("{}/v1/dashboard/events", s.url);
+    let (out, _) = s.curl(&["-N", "--max-time", &secs.to_string(), &url]);
+    out.lines()
+        .filter_map(|l| l.strip_prefix("data:"))
+        .map(|d| serde_json::from_str(d.trim()).unwrap_or_else(|e| panic!("{e}: {d}")))
+        .collect()
+}
+
+#[test]
+fn the_page_and_its_stream_show_the_cluster_and_a_lost_node() {
+    let Some(model) = real_model() else {
+        return;
+    };
+    let s = Server::start(&model, &["--nodes", "2", "--tp", "2"]);
+    let page = Command::new("curl")
+        .args(["-sS", &format!("{}/", s.url)])
+        .output()
+        .unwrap();
+    let page = String::from_utf8_lossy(&page.stdout);
+    assert!(
+        page.contains("<title>weft</title>") && page.contains("id=\"nodes\""),
+        "{page}"
+    );
+    // The stream needs the key, as every /v1 path does.
+    let anon = Command::new("curl")
+        .args(["-s", "-o", "/dev/null", "-w", "%{http_code}"])
+        .arg(format!("{}/v1/dashboard/events", s.url))
+        .output()
+        .unwrap();
+    assert_eq!(String::from_utf8_lossy(&anon.stdout), "401");
+    let got = events(&s, 3);
+    assert!(got.len() >= 2, "an event a second: {got:?}");
+    let last = got.last().unwrap();
+    let nodes = last["nodes"].as_array().unwrap();
+    assert_eq!(nodes.len(), 2, "{last}");
+    for n in nodes {
+        assert_eq!(n["state"], "ready", "{last}");
+        assert!(n["weight_bytes"].as_u64().is_some_and(|b| b > 0), "{last}");
+    }
+    assert_eq!(last["tp"], 2, "{last}");
+    assert_eq!(last["details"]["family"], "gemma3", "{last}");
+    assert!(last["live"]["max_sequences"].as_u64().is_some(), "{last}");
+    // Kill one node while nothing runs: the next probes find it gone.
+    let kids = Command::new("pgrep")
+        .args(["-P", &s.child.id().to_string()])
+        .output()
+        .unwrap();
+    let pids: Vec<String> = String::from_utf8_lossy(&kids.stdout)
+        .split_whitespace()
+        .map(String::from)
+        .collect();
+    assert_eq!(pids.len(), 2, "two local nodes under weft serve: {pids:?}");
+    if let Some(py) = browser() {
+        // The page in a real browser: both nodes, a chat equal to the API's greedy answer,
+        // the killed node lost within 5 s, no console errors; screenshots for a reviewer.
+        let prompt = "Name three colours.";
+        let body = serde_json::json!({"model": s.model_id, "temperature": 0, "max_tokens": 24,
+                                      "messages": [{"role": "user", "content": prompt}]});
+        let api = common::server::post(&s, "/v1/chat/completions", &body);
+        let want = api["choices"][0]["message"]["content"]
+            .as_str()
+            .unwrap()
+            .to_string();
+        let shots = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("dashboard");
+        let out = Command::new(py)
+            .arg(
+                std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/dashboard_browser.py"),
+            )
+            .arg(format!("{}/", s.url))
+            .arg(common::server::KEY)
+            .arg(&shots)
+            .args([&pids[1], prompt, "24"])
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "dashboard_browser.py failed:\n{}\n{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let r: Value = serde_json::from_slice(&out.stdout).unwrap();
+        assert_eq!(r["answer"].as_str(), Some(want.as_str()), "{r}");
+        assert!(r["speed"].as_str().unwrap().contains("tok/s"), "{r}");
+        assert_eq!(r["nodes"].as_array().map(Vec::len), Some(2), "{r}");
+        assert_eq!(r["errors"], serde_json::json!([]), "console errors: {r}");
+        assert!(r["lost_after_s"].as_f64().is_some_and(|t| t < 5.0), "{r}");
+        eprintln!("dashboard screenshots: {}", shots.display());
+        return;
+    }
+    assert!(Command::new("kill")
+        .args(["-9", &pids[1]])
+        .status()
+        .unwrap()
+        .success());
+    let killed = Instant::now();
+    loop {
+        let v = s.get("/v1/cluster");
+        let lost = v["nodes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|n| n["state"] == "lost")
+            .count();
+        if lost == 1 {
+            break;
+        }
+        assert!(
+            killed.elapsed() < Duration::from_secs(5),
+            "no node lost 5 s after the kill: {v}"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+/// A Python with Playwright, and Chromium: missing is a skip, or a failure where
+/// WEFT_REQUIRE_BROWSER=1 (as CI sets).
+fn browser() -> Option<std::path::PathBuf> {
+    let chromium = std::env::var("WEFT_CHROMIUM").unwrap_or_else(|_| "/usr/bin/chromium".into());
+    let py = common::server::python(&["playwright"]);
+    if py.is_some() && std::path::Path::new(&chromium).exists() {
+        return py;
+    }
+    assert!(
+        std::env::var("WEFT_REQUIRE_BROWSER").as_deref() != Ok("1"),
+        "no Chromium at {chromium} or no Playwright (WEFT_REQUIRE_BROWSER=1)"
+    );
+    eprintln!("skipping the browser: no Chromium at {chromium} or no Playwright");
+    None
+}
