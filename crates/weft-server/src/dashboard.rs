@@ -4,6 +4,7 @@
 //! server's own OpenAI endpoint.
 
 use std::convert::Infallible;
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -30,6 +31,10 @@ pub async fn events(
     let updates = stream::unfold((st, true), |(st, first)| async move {
         if !first {
             tokio::time::sleep(EVERY).await;
+        }
+        // A server shutting down (or whose engine died) ends the stream.
+        if st.closing.load(Ordering::Relaxed) || st.engine.stopped().is_some() {
+            return None;
         }
         let view = st.cluster_json();
         let ev = SseEvent::default().event("cluster").data(view.to_string());

@@ -79,11 +79,14 @@ pub async fn serve(
         // Long enough for health checks to see the 503 before the port closes.
         tokio::time::sleep(STOPPED_GRACE).await;
     };
+    let closing = state.clone();
     let shutdown = async move {
         tokio::select! {
             _ = shutdown_signal() => {}
             _ = engine_died => {}
         }
+        // Endless responses (the dashboard's stream) end now, so shutdown need not wait.
+        closing.closing.store(true, Ordering::Relaxed);
     };
     crate::listen::serve_limited(listener, router(state), limits, shutdown).await
 }

@@ -53,6 +53,8 @@ pub struct AppState {
     pub(crate) rate: Mutex<VecDeque<(Instant, u64)>>,
     /// The grammar engine over the vocabulary, built when a request first needs it.
     pub(crate) grammars: OnceLock<Result<Arc<Grammars>, String>>,
+    /// Set when the server begins to shut down: endless streams end at their next tick.
+    pub closing: std::sync::atomic::AtomicBool,
     /// The served file's size, family and quantization, for Ollama's model list.
     pub details: ModelDetails,
 }
@@ -78,6 +80,7 @@ impl AppState {
             rate: Mutex::new(VecDeque::new()),
             grammars: OnceLock::new(),
             details: Default::default(),
+            closing: Default::default(),
         }
     }
 

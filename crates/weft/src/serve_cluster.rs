@@ -72,9 +72,13 @@ fn probe_nodes(described: Arc<Mutex<Value>>, unreachable: Arc<Mutex<Vec<String>>
             let down: Vec<String> = addrs
                 .into_iter()
                 .filter(|a| {
-                    let reached = a.parse::<std::net::SocketAddr>().is_ok_and(|sa| {
-                        std::net::TcpStream::connect_timeout(&sa, LIVENESS_TIMEOUT).is_ok()
-                    });
+                    // Peers may be given by name, as `--peers` takes them.
+                    let reached = std::net::ToSocketAddrs::to_socket_addrs(a.as_str())
+                        .into_iter()
+                        .flatten()
+                        .any(|sa| {
+                            std::net::TcpStream::connect_timeout(&sa, LIVENESS_TIMEOUT).is_ok()
+                        });
                     !reached
                 })
                 .collect();
