@@ -9,6 +9,7 @@ use serde::Serialize;
 use weft_comm::{CommError, Group, Liveness};
 use weft_model::{Backend, BatchBackend, ModelError, SeqSpan};
 
+use crate::activity::ActivityBoard;
 use crate::control::{FromNode, NodePlan, ToNode};
 use crate::forming::{connect, form_group, GroupSpec};
 use crate::heartbeat::ControlLink;
@@ -42,6 +43,9 @@ pub struct ClusterOptions {
     pub top_k: usize,
     /// Whether log-probabilities will be asked for (ranks then send their normalizers).
     pub logprobs: bool,
+    /// Where the nodes' beats (their work, their loading, their end) are kept for a
+    /// watcher such as the dashboard; None: nobody watches.
+    pub activity: Option<Arc<ActivityBoard>>,
 }
 
 /// What one node reported when the cluster stopped.
@@ -161,7 +165,7 @@ impl Cluster {
         let liveness = Arc::new(Liveness::new(peers.len() + 1, None));
         let mut controls = Vec::new();
         for (i, addr) in peers.iter().enumerate() {
-            let c = connect(addr, &opts.secret, &liveness, i + 1)?;
+            let c = connect(addr, &opts.secret, &liveness, i + 1, opts.activity.as_ref())?;
             let stage = i / layout.width();
             let plan = NodePlan {
                 model: opts.model.clone(),

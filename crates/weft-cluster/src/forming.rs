@@ -8,35 +8,56 @@ use std::time::Duration;
 
 use weft_comm::{Group, Liveness};
 
+use crate::activity::ActivityBoard;
 use crate::control::{self, FromNode, ToNode};
 use crate::heartbeat::{ControlLink, Hooks};
 use crate::node::group_options;
 
-/// Node `rank`'s beats (and the end of its control link) feed the coordinator's table;
-/// the coordinator's own beats relay that table to every node.
-pub(crate) fn coordinator_hooks(liveness: &Arc<Liveness>, rank: usize) -> Hooks {
+/// Node `rank`'s beats (and the end of its control link) feed the coordinator's table,
+/// and `board`, where one watches; the coordinator's own beats relay that table to every
+/// node.
+pub(crate) fn coordinator_hooks(
+    liveness: &Arc<Liveness>,
+    rank: usize,
+    addr: &str,
+    board: Option<&Arc<ActivityBoard>>,
+) -> Hooks {
     let (on_beat, on_end, ages) = (liveness.clone(), liveness.clone(), liveness.clone());
+    let (beat_board, end_board) = (board.cloned(), board.cloned());
+    let (beat_addr, end_addr) = (addr.to_string(), addr.to_string());
     Hooks {
-        on_beat: Box::new(move |_| on_beat.heard(rank)),
-        on_end: Box::new(move || on_end.mark_dead(rank)),
+        on_beat: Box::new(move |_, work| {
+            on_beat.heard(rank);
+            if let Some(b) = &beat_board {
+                b.heard(&beat_addr, work.copied());
+            }
+        }),
+        on_end: Box::new(move || {
+            on_end.mark_dead(rank);
+            if let Some(b) = &end_board {
+                b.ended(&end_addr);
+            }
+        }),
         ages: Box::new(move || {
             ages.heard(0);
             ages.ages_ms()
         }),
+        work: Box::new(|| None),
     }
 }
 
 /// Dials node `addr`, authenticates, and starts its control link as data-plane rank
-/// `rank`, its heartbeats feeding `liveness`.
+/// `rank`, its heartbeats feeding `liveness` (and `board`, where one watches).
 pub(crate) fn connect(
     addr: &str,
     secret: &[u8],
     liveness: &Arc<Liveness>,
     rank: usize,
+    board: Option<&Arc<ActivityBoard>>,
 ) -> Result<ControlLink<FromNode, ToNode>, String> {
     let c = control::dial(addr, secret, Duration::from_secs(10))
         .map_err(|e| format!("node {addr}: {e}"))?;
-    ControlLink::start(c, addr, coordinator_hooks(liveness, rank))
+    ControlLink::start(c, addr, coordinator_hooks(liveness, rank, addr, board))
         .map_err(|e| format!("node {addr}: {e}"))
 }
 

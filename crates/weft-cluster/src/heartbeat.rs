@@ -18,6 +18,8 @@ use std::time::{Duration, Instant};
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
+use crate::activity::NodeWork;
+
 /// How often each side says it is alive.
 pub const BEAT_EVERY: Duration = Duration::from_millis(250);
 /// The longest one control write may block on a peer that does not read.
@@ -28,9 +30,12 @@ const MAX_MESSAGE: usize = 1 << 20;
 /// What crosses a control connection once it is authenticated.
 #[derive(Serialize, Deserialize)]
 enum Envelope<T> {
-    /// Alive; from the coordinator, with each rank's silence in ms (u32::MAX: lost).
+    /// Alive; from the coordinator, with each rank's silence in ms (u32::MAX: lost);
+    /// from a node, with its work so far.
     Beat {
         ages_ms: Vec<u32>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        work: Option<NodeWork>,
     },
     Msg(T),
 }
@@ -52,8 +57,9 @@ pub struct ControlLink<In, Out> {
     _out: PhantomData<fn(Out)>,
 }
 
-/// Called with the ages of every beat received (empty from a node).
-pub type OnBeat = Box<dyn Fn(&[u32]) + Send>;
+/// Called with the ages and the work of every beat received (a node's carry no ages; a
+/// coordinator's no work).
+pub type OnBeat = Box<dyn Fn(&[u32], Option<&NodeWork>) + Send>;
 
 /// What the link tells its owner as it runs.
 pub struct Hooks {
@@ -62,15 +68,18 @@ pub struct Hooks {
     pub on_end: Box<dyn Fn() + Send>,
     /// The ages this side's beats carry.
     pub ages: Box<dyn Fn() -> Vec<u32> + Send>,
+    /// The work this side's beats report (a node's).
+    pub work: Box<dyn Fn() -> Option<NodeWork> + Send>,
 }
 
 impl Hooks {
     /// Hooks that do nothing and send empty ages.
     pub fn none() -> Self {
         Hooks {
-            on_beat: Box::new(|_| {}),
+            on_beat: Box::new(|_, _| {}),
             on_end: Box::new(|| {}),
             ages: Box::new(Vec::new),
+            work: Box::new(|| None),
         }
     }
 }
@@ -132,6 +141,7 @@ where
             on_beat,
             on_end,
             ages,
+            work,
         } = hooks;
         let read_thread = {
             let (ended, heard_ns, stop) = (ended.clone(), heard_ns.clone(), stop.clone());
@@ -144,7 +154,9 @@ where
                                 heard_ns
                                     .store(epoch.elapsed().as_nanos() as u64, Ordering::Relaxed);
                                 match env {
-                                    Envelope::Beat { ages_ms } => on_beat(&ages_ms),
+                                    Envelope::Beat { ages_ms, work } => {
+                                        on_beat(&ages_ms, work.as_ref())
+                                    }
                                     Envelope::Msg(m) => {
                                         if tx.send(m).is_err() {
                                             break "the owner has gone".to_string();
@@ -171,7 +183,10 @@ where
                 .name("weft-heartbeat".into())
                 .spawn(move || {
                     while !stop.load(Ordering::Relaxed) {
-                        let beat: Envelope<()> = Envelope::Beat { ages_ms: ages() };
+                        let beat: Envelope<()> = Envelope::Beat {
+                            ages_ms: ages(),
+                            work: work(),
+                        };
                         let sent = match writer.lock() {
                             Ok(mut w) => write_frame(&mut w, &beat),
                             Err(_) => Err("poisoned".into()),
@@ -292,8 +307,9 @@ mod tests {
         let beats = Arc::new(AtomicUsize::new(0));
         let seen = beats.clone();
         let hooks = Hooks {
-            on_beat: Box::new(move |ages| {
+            on_beat: Box::new(move |ages, work| {
                 assert_eq!(ages, &[7, 9]);
+                assert_eq!(work.map(|w| w.steps), Some(3));
                 seen.fetch_add(1, Ordering::Relaxed);
             }),
             ..Hooks::none()
@@ -304,6 +320,12 @@ mod tests {
             "a",
             Hooks {
                 ages: Box::new(|| vec![7, 9]),
+                work: Box::new(|| {
+                    Some(NodeWork {
+                        steps: 3,
+                        ..NodeWork::default()
+                    })
+                }),
                 ..Hooks::none()
             },
         )

@@ -36,6 +36,29 @@ pub struct Layout {
 }
 
 impl Layout {
+    /// Every node's shard of `file` (node order): what each loads, as the node computes
+    /// it from its plan.
+    pub fn node_shards(
+        &self,
+        file: &weft_gguf::GgufFile,
+        cfg: &weft_model::ModelConfig,
+    ) -> Result<Vec<weft_model::ShardSpec>, weft_model::ModelError> {
+        let gran = weft_model::granularity(file, cfg)?;
+        let split = weft_model::StageSplit {
+            tp_weights: self.tp_weights.clone(),
+            ep_weights: self.ep_weights.clone(),
+        };
+        (0..self.nodes())
+            .map(|i| {
+                let stage = i / self.width();
+                Ok(
+                    weft_model::ShardSpec::stage(cfg, gran, i % self.width(), &split)?
+                        .with_layers(self.layers[stage].clone()),
+                )
+            })
+            .collect()
+    }
+
     /// `nodes` nodes with the given TP/PP sizes (either may be left out and is derived);
     /// `layer_counts` optionally fixes each stage's number of layers.
     pub fn new(

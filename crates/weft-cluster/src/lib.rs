@@ -4,6 +4,7 @@
 //! stage's TP ranks all-reduce, stages hand the hidden state on, the last stage's ranks
 //! send their vocabulary slices' top-k, and only the coordinator samples.
 
+pub mod activity;
 pub mod control;
 pub mod coordinator;
 pub mod discovery;

@@ -17,6 +17,7 @@ use weft_kernels::ThreadPool;
 use weft_model::memory::human_bytes;
 use weft_model::{granularity, KvCache, Model, ModelConfig, SeqSpan, ShardSpec, StageSplit};
 
+use crate::activity::WorkCounters;
 use crate::control::{self, FromNode, NodePlan, SurveyRequest, ToNode};
 use crate::heartbeat::{ControlLink, Hooks};
 use crate::stage::StageCollective;
@@ -142,6 +143,8 @@ pub fn serve(listener: TcpListener, opts: NodeOptions) -> ! {
         .unwrap_or(IpAddr::from([127, 0, 0, 1]));
     let (tx, rx) = mpsc::channel::<Accepted>();
     let gate = Arc::new(Gate::default());
+    // What this node's beats report: one session at a time, so one set for the process.
+    let work = Arc::new(WorkCounters::default());
     if let Some(home) = opts.home.clone() {
         // The model files' content hashes, for surveys; a failure only leaves them out.
         let _ = std::thread::Builder::new()
@@ -149,11 +152,11 @@ pub fn serve(listener: TcpListener, opts: NodeOptions) -> ! {
             .spawn(move || crate::profile::hash_models(&home));
     }
     {
-        let (secret, gate) = (opts.secret.clone(), gate.clone());
+        let (secret, gate, work) = (opts.secret.clone(), gate.clone(), work.clone());
         let members = opts.membership.clone();
         if let Err(e) = std::thread::Builder::new()
             .name("weft-accept".into())
-            .spawn(move || accept_loop(listener, secret, tx, gate, members))
+            .spawn(move || accept_loop(listener, secret, tx, gate, members, work))
         {
             tracing::error!("cannot start the accept thread: {e}");
             std::process::exit(1);
@@ -166,7 +169,7 @@ pub fn serve(listener: TcpListener, opts: NodeOptions) -> ! {
             std::process::exit(1);
         };
         tracing::info!("coordinator {} connected", acc.from);
-        match session(&acc, &opts, ip, &mut cache) {
+        match session(&acc, &opts, ip, &mut cache, &work) {
             Ok(()) => tracing::info!("coordinator {} finished", acc.from),
             Err(e) => {
                 tracing::warn!("request from {} failed: {e}", acc.from);
@@ -187,6 +190,7 @@ fn accept_loop(
     tx: mpsc::Sender<Accepted>,
     gate: Arc<Gate>,
     members: Option<Arc<crate::discovery::Membership>>,
+    work: Arc<WorkCounters>,
 ) {
     let pending: Arc<Mutex<VecDeque<(u64, TcpStream)>>> = Arc::default();
     let next_id = AtomicU64::new(0);
@@ -215,7 +219,7 @@ fn accept_loop(
         }
         let (secret, tx, gate, pending) =
             (secret.clone(), tx.clone(), gate.clone(), pending.clone());
-        let members = members.clone();
+        let (members, work) = (members.clone(), work.clone());
         let spawned = std::thread::Builder::new()
             .name("weft-handshake".into())
             .spawn(move || {
@@ -243,7 +247,7 @@ fn accept_loop(
                     return;
                 }
                 let liveness = Arc::new(Liveness::new(MAX_RANKS, Some(0)));
-                let link = match ControlLink::start(stream, &from, node_hooks(&liveness)) {
+                let link = match ControlLink::start(stream, &from, node_hooks(&liveness, work)) {
                     Ok(l) => l,
                     Err(e) => {
                         tracing::warn!("coordinator {from}: {e}");
@@ -297,10 +301,11 @@ fn accept_loop(
 
 /// The coordinator's beats carry every rank's silence: rank 0 (it) is heard now, the
 /// others as it last heard them, and a closed control connection means rank 0 is lost.
-fn node_hooks(liveness: &Arc<Liveness>) -> Hooks {
+/// This node's beats carry its work.
+fn node_hooks(liveness: &Arc<Liveness>, work: Arc<WorkCounters>) -> Hooks {
     let (on_beat, on_end) = (liveness.clone(), liveness.clone());
     Hooks {
-        on_beat: Box::new(move |ages| {
+        on_beat: Box::new(move |ages, _| {
             on_beat.heard(0);
             for (r, &a) in ages.iter().enumerate().skip(1) {
                 if a == u32::MAX {
@@ -312,6 +317,7 @@ fn node_hooks(liveness: &Arc<Liveness>) -> Hooks {
         }),
         on_end: Box::new(move || on_end.mark_dead(0)),
         ages: Box::new(Vec::new),
+        work: Box::new(move || Some(work.snapshot())),
     }
 }
 
@@ -329,6 +335,7 @@ fn session(
     opts: &NodeOptions,
     ip: IpAddr,
     cache: &mut Option<Loaded>,
+    work: &WorkCounters,
 ) -> Result<(), String> {
     let ctl = &acc.link;
     let plan = match acc
@@ -372,7 +379,9 @@ fn session(
     );
     if cache.as_ref().map(|c| c.key != key).unwrap_or(true) {
         *cache = None; // free the old shard before loading the new one
-        *cache = Some(load(&path, &plan, threads, opts.memory_limit, key)?);
+        let loaded = load(&path, &plan, threads, opts.memory_limit, key, work);
+        work.load_ended();
+        *cache = Some(loaded?);
     }
     let loaded = cache.as_mut().ok_or("no shard loaded")?;
     // A fresh data listener on the control address's IP: the group's mesh forms on it.
@@ -400,7 +409,7 @@ fn session(
     }
     let mut group =
         Group::with_listener(plan.rank, &addrs, data, gopts).map_err(|e| e.to_string())?;
-    run_steps(&mut group, &plan, loaded, opts.slowdown)
+    run_steps(&mut group, &plan, loaded, opts.slowdown, work)
 }
 
 /// Reports this node's profile, then measures links in a group with the coordinator and
@@ -498,6 +507,7 @@ fn load(
     threads: usize,
     memory_limit: Option<u64>,
     key: String,
+    work: &WorkCounters,
 ) -> Result<Loaded, String> {
     let t = Instant::now();
     let file = Arc::new(GgufFile::open(path).map_err(|e| e.to_string())?);
@@ -512,7 +522,10 @@ fn load(
         .map_err(|e| e.to_string())?
         .with_layers(a..b);
     // Loading maps the file and copies only column-split blocks; no weight is read yet.
-    let model = Model::load(file, shard, plan.ubatch).map_err(|e| e.to_string())?;
+    let model = Model::load_with_progress(file, shard, plan.ubatch, &mut |done, total| {
+        work.load_progress(done, total)
+    })
+    .map_err(|e| e.to_string())?;
     if let Some(limit) = memory_limit {
         let weights = model.total_weight_bytes() as u64;
         let kv = (model.cache_bytes(plan.n_ctx) * plan.slots.max(1)) as u64;
@@ -552,6 +565,7 @@ fn run_steps(
     plan: &NodePlan,
     l: &mut Loaded,
     slowdown: f64,
+    work: &WorkCounters,
 ) -> Result<(), String> {
     let members = &plan.stages[plan.stage];
     let position = members
@@ -603,8 +617,10 @@ fn run_steps(
             st.run_step(group, l, &h)?;
         }
         steps += 1;
+        let busy = t_step.elapsed().as_secs_f64() - st.comm;
         comm += st.comm;
-        compute += t_step.elapsed().as_secs_f64() - st.comm;
+        compute += busy;
+        work.step(busy, st.comm);
     }
 }
 

@@ -112,6 +112,15 @@ impl NodeInfo {
         let avail = self.memory_available;
         self.memory_limit.map_or(avail, |l| l.min(avail))
     }
+
+    /// The machine in brief, as a watcher (the dashboard) shows it.
+    pub fn machine(&self) -> serde_json::Value {
+        serde_json::json!({
+            "name": self.name, "os": self.os, "arch": self.arch, "cpu": self.cpu,
+            "cores": self.cores, "threads": self.threads,
+            "memory_total": self.memory_total, "memory_offered": self.offered_memory(),
+        })
+    }
 }
 
 /// A /proc/meminfo field in bytes ("MemAvailable").
@@ -281,19 +290,31 @@ pub fn local_info(
     memory_limit: Option<u64>,
     slowdown: f64,
 ) -> NodeInfo {
+    let mut info = local_facts(home, threads, memory_limit, slowdown);
+    info.rates = kernel_rates(
+        threads,
+        home.map(|h| h.join("calibration")).as_deref(),
+        fresh,
+    );
+    for r in &mut info.rates {
+        r.slow_down(info.slowdown);
+    }
+    info
+}
+
+/// This node's profile without its kernel speeds (`rates` empty): what a single-node
+/// server shows of its machine, with nothing timed.
+pub fn local_facts(
+    home: Option<&Path>,
+    threads: usize,
+    memory_limit: Option<u64>,
+    slowdown: f64,
+) -> NodeInfo {
     let slowdown = if slowdown.is_finite() && slowdown >= 1.0 {
         slowdown
     } else {
         1.0
     };
-    let mut rates = kernel_rates(
-        threads,
-        home.map(|h| h.join("calibration")).as_deref(),
-        fresh,
-    );
-    for r in &mut rates {
-        r.slow_down(slowdown);
-    }
     let models_dir = home.map(|h| h.join("models"));
     NodeInfo {
         name: hostname(),
@@ -312,7 +333,7 @@ pub fn local_info(
             }
             _ => Vec::new(),
         },
-        rates,
+        rates: Vec::new(),
         rates_loaded: Vec::new(),
         slowdown,
     }

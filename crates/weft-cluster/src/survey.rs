@@ -47,7 +47,7 @@ pub fn survey(peers: &[String], opts: &SurveyOptions) -> Result<Survey, String> 
     // One node at a time, so that each times its kernels alone (a node measures on first
     // ask, about a second, beating meanwhile); then all at once, below.
     for (i, addr) in peers.iter().enumerate() {
-        let c = connect(addr, &opts.secret, &liveness, i + 1)?;
+        let c = connect(addr, &opts.secret, &liveness, i + 1, None)?;
         c.send(&ToNode::Survey(Box::new(SurveyRequest {
             rank: i + 1,
             group_size: n,

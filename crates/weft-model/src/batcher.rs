@@ -5,7 +5,9 @@
 //! to the HTTP side only through `Job`s and their `EventSink`s.
 
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::Ordering;
+
+use crate::batch_stats::BatchStats;
 use std::sync::mpsc::{Receiver, TryRecvError};
 use std::sync::Arc;
 use std::time::Instant;
@@ -99,19 +101,6 @@ pub struct BatchOptions {
     pub prefill_chunk: usize,
 }
 
-/// Live counters, read by the HTTP side for /v1/cluster and /health.
-#[derive(Debug, Default)]
-pub struct BatchStats {
-    pub active: AtomicUsize,
-    pub queued: AtomicUsize,
-    pub generated_tokens: AtomicU64,
-    pub prompt_tokens: AtomicU64,
-    pub steps: AtomicU64,
-    pub completed: AtomicU64,
-    pub cancelled: AtomicU64,
-    pub failed: AtomicU64,
-}
-
 /// A sequence holding a slot.
 struct Active<'t> {
     slot: usize,
@@ -148,6 +137,7 @@ pub const PANIC_HOOK_ENV: &str = "WEFT_TEST_PANIC_ON_PROMPT";
 impl<B: BatchBackend> Batcher<B> {
     pub fn new(backend: B, tokenizer: Arc<Tokenizer>, opts: BatchOptions) -> Self {
         let max_seqs = opts.max_seqs.clamp(1, backend.slots().max(1));
+        let stats = Arc::new(BatchStats::new(backend.slots().max(1)));
         let prefill_chunk = opts.prefill_chunk.clamp(1, backend.max_rows().max(1));
         Batcher {
             backend,
@@ -156,7 +146,7 @@ impl<B: BatchBackend> Batcher<B> {
                 max_seqs,
                 prefill_chunk,
             },
-            stats: Arc::new(BatchStats::default()),
+            stats,
             panic_on: std::env::var(PANIC_HOOK_ENV).ok().filter(|s| !s.is_empty()),
         }
     }
@@ -254,6 +244,7 @@ impl<B: BatchBackend> Batcher<B> {
                     let n = left.min(budget);
                     tokens.extend_from_slice(&a.prompt[a.fed..a.fed + n]);
                     a.fed += n;
+                    self.stats.prompt_ran(a.slot, n);
                     spans.push(SeqSpan {
                         cache: a.slot,
                         n_tokens: n,
@@ -316,6 +307,7 @@ impl<B: BatchBackend> Batcher<B> {
                 a.next = step.next;
                 if step.token.is_some() {
                     self.stats.generated_tokens.fetch_add(1, Ordering::Relaxed);
+                    self.stats.sampled(a.slot, now);
                 }
                 if step.token.is_some() || !step.text.is_empty() {
                     // Only a kept token has a logprob entry, and only when they were asked for.
@@ -343,7 +335,7 @@ impl<B: BatchBackend> Batcher<B> {
                         a.seq.out.decode_secs * 1e3
                     );
                     a.sink.send(Event::Done(std::mem::take(&mut a.seq.out)));
-                    self.stats.completed.fetch_add(1, Ordering::Relaxed);
+                    self.stats.completed_in(a.slot);
                     a.gone = true;
                 }
             }
@@ -372,6 +364,8 @@ impl<B: BatchBackend> Batcher<B> {
         self.stats
             .prompt_tokens
             .fetch_add(job.req.prompt_ids.len() as u64, Ordering::Relaxed);
+        self.stats
+            .admitted(slot, job.req.prompt_ids.len(), job.submitted);
         Some(Active {
             slot,
             seq,
@@ -395,6 +389,7 @@ impl<B: BatchBackend> Batcher<B> {
                     self.stats.cancelled.fetch_add(1, Ordering::Relaxed);
                 }
                 self.backend.release(a.slot);
+                self.stats.freed(a.slot);
                 free.push(a.slot);
             }
             !a.gone

@@ -2,6 +2,7 @@
 //! forward pass, KV cache, sampler, tokenizer glue, and the single-node engine.
 
 pub mod batch;
+pub mod batch_stats;
 pub mod batcher;
 pub mod collective;
 pub mod config;
@@ -23,7 +24,8 @@ pub mod vocab;
 pub mod weights;
 
 pub use batch::SeqSpan;
-pub use batcher::{BatchBackend, BatchOptions, BatchStats, Batcher, Event, EventSink, Job};
+pub use batch_stats::{BatchStats, RunningRequest, SlotLive};
+pub use batcher::{BatchBackend, BatchOptions, Batcher, Event, EventSink, Job};
 pub use collective::{Collective, Identity, InProcess};
 pub use config::{Arch, ModelConfig};
 pub use constraint::TokenConstraint;

@@ -11,6 +11,8 @@ pub struct ModelDetails {
     pub size_bytes: u64,
     pub family: String,
     pub parameters: u64,
+    /// Parameters one token uses: the routed experts' counted at k of n (MoE models).
+    pub active_parameters: u64,
     pub quantization: String,
     pub context_length: u64,
     pub modified_unix: u64,
@@ -52,7 +54,18 @@ impl ModelDetails {
             .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
             .map(|d| d.as_secs())
             .unwrap_or(0);
+        let used = f.get_u64(&format!("{family}.expert_used_count")).ok();
+        let experts = f.get_u64(&format!("{family}.expert_count")).ok();
+        let active_parameters = f
+            .tensors()
+            .iter()
+            .map(|t| match (used, experts) {
+                (Some(k), Some(n)) if n > 0 && t.name.contains("_exps") => t.n_elements() / n * k,
+                _ => t.n_elements(),
+            })
+            .sum();
         Ok(ModelDetails {
+            active_parameters,
             size_bytes: f.parts().iter().map(|(_, n)| n).sum(),
             context_length: f.get_u64(&format!("{family}.context_length")).unwrap_or(0),
             parameters: f.tensors().iter().map(|t| t.n_elements()).sum(),
@@ -80,6 +93,16 @@ impl ModelDetails {
             "parameter_size": self.parameter_size(),
             "quantization_level": self.quantization,
         })
+    }
+
+    /// What the dashboard shows of the model: `json` with the exact figures beside.
+    pub fn summary(&self) -> Value {
+        let mut v = self.json();
+        v["parameters"] = json!(self.parameters);
+        v["active_parameters"] = json!(self.active_parameters);
+        v["size_bytes"] = json!(self.size_bytes);
+        v["context_length"] = json!(self.context_length);
+        v
     }
 }
 

@@ -90,7 +90,7 @@ impl AppState {
         if let Value::Object(m) = &mut v {
             m.insert("model".into(), json!(self.model_id));
             m.insert("n_ctx".into(), json!(self.engine.n_ctx));
-            m.insert("details".into(), self.details.json());
+            m.insert("details".into(), self.details.summary());
             m.insert("live".into(), self.live());
         }
         v
@@ -120,6 +120,13 @@ impl AppState {
             "completed": s.completed.load(Ordering::Relaxed),
             "cancelled": s.cancelled.load(Ordering::Relaxed),
             "failed": s.failed.load(Ordering::Relaxed),
+            "ttft_mean_s": s.mean_ttft_s(),
+            "ttft_last_s": (s.completed.load(Ordering::Relaxed) > 0)
+                .then(|| s.last_ttft_us.load(Ordering::Relaxed) as f64 / 1e6),
+            "requests": s.running().iter().map(|r| json!({
+                "id": r.request, "prompt_tokens": r.prompt_tokens, "prompt_done": r.prompt_done,
+                "generated": r.generated, "age_s": r.age_s, "ttft_s": r.ttft_s, "tok_s": r.tok_s,
+            })).collect::<Vec<_>>(),
         })
     }
 }

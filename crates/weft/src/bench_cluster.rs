@@ -153,7 +153,8 @@ pub fn run(a: &BenchArgs) -> Result<()> {
             ..a.layout.clone()
         };
         clusters.push(
-            open(&l, &path, n_ctx, 1, false, 1).with_context(|| format!("starting {}", c.name))?,
+            open(&l, &path, n_ctx, 1, false, 1, None)
+                .with_context(|| format!("starting {}", c.name))?,
         );
     }
     let n_vocab = clusters[0].n_vocab as u64;

@@ -6,8 +6,11 @@ use std::time::Duration;
 use anyhow::{anyhow, bail, Result};
 use weft_cluster::planning::{cluster_profile, type_mix};
 use weft_cluster::survey::{survey, Survey, SurveyOptions};
+use weft_cluster::Layout;
 use weft_gguf::GgufFile;
 use weft_model::ModelConfig;
+use weft_plan::cost::LayoutSpec;
+use weft_plan::search::evaluate;
 use weft_plan::{plan, Candidate, Workload};
 
 use crate::layout_args::LayoutArgs;
@@ -48,6 +51,28 @@ pub fn best_layout(
         .map(|&i| peers[i].clone())
         .collect();
     Ok((best, order, s))
+}
+
+/// The planner's prediction for a layout given by flags, from the survey of its nodes
+/// (`survey.peers` in the layout's node order).
+pub fn predict_given(
+    file: &GgufFile,
+    cfg: &ModelConfig,
+    survey: &Survey,
+    layout: &Layout,
+    workload: &Workload,
+) -> Candidate {
+    let model = weft_cluster::model_profile(file, cfg);
+    let cluster = cluster_profile(survey, &type_mix(file, cfg));
+    let spec = LayoutSpec {
+        tp: layout.tp,
+        ep: layout.ep,
+        order: (0..layout.nodes()).collect(),
+        layers: layout.layers.iter().map(|r| r.len()).collect(),
+        tp_weights: layout.tp_weights.clone(),
+        ep_weights: layout.ep_weights.clone(),
+    };
+    evaluate(&model, &cluster, workload, spec, survey.peers.len())
 }
 
 pub fn survey_options(secret: &str, l: &LayoutArgs, delay: f64, threads: usize) -> SurveyOptions {

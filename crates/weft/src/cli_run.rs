@@ -82,7 +82,7 @@ pub fn run(a: RunArgs) -> Result<()> {
 fn run_cluster(a: &RunArgs, path: &std::path::Path) -> Result<()> {
     let t0 = std::time::Instant::now();
     let top_k = 64.max(a.top_k).max(a.logprobs);
-    let mut c = crate::cluster_open::open(&a.layout, path, a.ctx, top_k, a.logprobs > 0, 1)?;
+    let mut c = crate::cluster_open::open(&a.layout, path, a.ctx, top_k, a.logprobs > 0, 1, None)?;
     let setup_s = t0.elapsed().as_secs_f64();
     let prompt_ids = c.tokenizer.encode(&a.prompt, true, true);
     let req = request(a, prompt_ids.clone());

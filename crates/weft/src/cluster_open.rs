@@ -13,9 +13,11 @@ use weft_gguf::GgufFile;
 use weft_model::{ModelConfig, DEFAULT_UBATCH};
 use weft_tokenizer::Tokenizer;
 
-use crate::best_layout::best_layout;
+use crate::best_layout::{best_layout, predict_given, survey_options};
 use crate::cluster_secret::secret_from;
 use crate::layout_args::LayoutArgs;
+use weft_cluster::activity::ActivityBoard;
+use weft_cluster::survey::{survey, Survey};
 
 /// A running cluster and what a coordinator needs beside it.
 pub struct Opened {
@@ -25,8 +27,13 @@ pub struct Opened {
     pub peers: Vec<String>,
     /// Local nodes (with --nodes); dropped after the cluster.
     pub _local: Option<LocalNodes>,
-    /// Without layout flags: the planner's choice and the survey it was made from.
-    pub planned: Option<(weft_plan::Candidate, weft_cluster::survey::Survey)>,
+    /// Without layout flags: the planner's choice.
+    pub planned: Option<weft_plan::Candidate>,
+    /// With layout flags and a watcher: the planner's prediction for that layout.
+    pub predicted: Option<weft_plan::Candidate>,
+    /// The survey the planner chose from, or, for a watcher, the nodes' facts and the
+    /// links measured before a layout given by flags.
+    pub survey: Option<Survey>,
 }
 
 pub fn open(
@@ -36,6 +43,7 @@ pub fn open(
     top_k: usize,
     logprobs: bool,
     slots: usize,
+    watch: Option<Arc<ActivityBoard>>,
 ) -> Result<Opened> {
     if l.nodes.is_some() && !l.peers.is_empty() {
         bail!("give either --nodes (local) or --peers (running nodes), not both");
@@ -81,13 +89,13 @@ pub fn open(
         && l.layers.is_empty()
         && l.tp_weights.is_empty()
         && l.ep_weights.is_empty();
-    let (peers, request, planned) = if no_layout_flags && peers.len() > 1 {
+    let workload = weft_plan::Workload {
+        n_ctx: n_ctx.min(cfg.n_ctx_train).max(1),
+        parallel: slots.max(1),
+        ..weft_plan::Workload::default()
+    };
+    let (peers, request, planned, survey) = if no_layout_flags && peers.len() > 1 {
         // No layout given: survey the nodes and run the planner's best layout.
-        let workload = weft_plan::Workload {
-            n_ctx: n_ctx.min(cfg.n_ctx_train).max(1),
-            parallel: slots.max(1),
-            ..weft_plan::Workload::default()
-        };
         let (best, order, survey) =
             best_layout(&file, &cfg, &peers, &secret, l, threads, &workload)?;
         let f = &best.prediction;
@@ -110,7 +118,7 @@ pub fn open(
             tp_weights: Some(best.layout.tp_weights.clone()),
             ep_weights: Some(best.layout.ep_weights.clone()),
         };
-        (order, request, Some((best, survey)))
+        (order, request, Some(best), Some(survey))
     } else {
         // A full shape (--tp and --pp) over more nodes than it needs runs on the first
         // ones; the others are spares a re-plan after a lost node can take.
@@ -135,9 +143,23 @@ pub fn open(
             tp_weights: (!l.tp_weights.is_empty()).then(|| l.tp_weights.clone()),
             ep_weights: (!l.ep_weights.is_empty()).then(|| l.ep_weights.clone()),
         };
-        (peers, request, None)
+        // A watcher (the dashboard) shows the nodes, their links and the planner's
+        // prediction for the given layout even so.
+        let survey = watch.as_ref().and_then(|_| {
+            survey(
+                &peers,
+                &survey_options(&secret, l, l.link_delay_us, threads),
+            )
+            .map_err(|e| eprintln!("warning: the nodes and links could not be surveyed: {e}"))
+            .ok()
+        });
+        (peers, request, None, survey)
     };
     let layout = Layout::plan(&request).map_err(|e| anyhow!(e))?;
+    let predicted = match (&planned, &survey) {
+        (None, Some(s)) => Some(predict_given(&file, &cfg, s, &layout, &workload)),
+        _ => None,
+    };
     if layout.ep > 1 && cfg.moe.is_none() {
         bail!(
             "--ep {}: {} has no routed experts to split",
@@ -158,6 +180,7 @@ pub fn open(
         timeout: Duration::from_secs(2),
         top_k,
         logprobs,
+        activity: watch,
     };
     let cluster = Cluster::connect(&peers, layout, opts).map_err(|e| anyhow!(e))?;
     Ok(Opened {
@@ -167,5 +190,7 @@ pub fn open(
         peers,
         _local: local,
         planned,
+        predicted,
+        survey,
     })
 }

@@ -174,7 +174,7 @@ fn measure(
         ..l.clone()
     };
     let n_ctx = a.decode + 16;
-    let mut o = open(&la, path, n_ctx, 1, false, 1)
+    let mut o = open(&la, path, n_ctx, 1, false, 1, None)
         .map_err(|e| anyhow!("starting {} at {delay} µs: {e:#}", c.name))?;
     let n_vocab = o.n_vocab as u64;
     let mut next = crate::bench_tokens::pseudo_random_tokens(n_vocab);

@@ -49,6 +49,8 @@ struct LocalView {
     weight_bytes: usize,
     kv_bytes: usize,
     threads: usize,
+    /// This machine, as a cluster's survey shows a node's.
+    host: Value,
 }
 
 impl ClusterView for LocalView {
@@ -65,6 +67,7 @@ impl ClusterView for LocalView {
                 "kv_bytes": self.kv_bytes,
                 "rss_bytes": weft_cluster::procinfo::rss_bytes(),
                 "threads": self.threads,
+                "host": self.host,
                 "state": "ready",
             }],
             "links": [],
@@ -109,6 +112,7 @@ pub fn run(a: ServeArgs) -> Result<()> {
                 weight_bytes,
                 kv_bytes: backend.kv_bytes(),
                 threads,
+                host: weft_cluster::profile::local_facts(None, threads, None, 1.0).machine(),
             };
             let tokenizer = Arc::new(tokenizer);
             let handle = EngineHandle::start(backend, tokenizer.clone(), opts)

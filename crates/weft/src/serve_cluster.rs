@@ -25,8 +25,9 @@ use crate::cluster_open::{open, Opened};
 use crate::cluster_secret::secret_from;
 use crate::layout_args::LayoutArgs;
 use crate::serve_args::ServeArgs;
+use weft_cluster::activity::ActivityBoard;
 use weft_cluster::survey::Survey;
-use weft_plan::Candidate;
+use weft_model::ModelConfig;
 
 type Started = (
     EngineHandle,
@@ -38,59 +39,17 @@ type Started = (
 /// Each rank sends its slice's top 64 (OpenAI asks for at most 20) and its normalizer.
 const TOP_K: usize = 64;
 
-/// What `/v1/cluster` reports: the cluster as it last formed, and every lost node and
-/// what was done about it.
+/// What `/v1/cluster` reports: the cluster as it last formed, each node's state and work
+/// as its heartbeats tell them, and every lost node and what was done about it.
 struct ClusterInfo {
     described: Arc<Mutex<Value>>,
     events: Arc<Mutex<Vec<ResumeEvent>>>,
-    /// Nodes whose address refused a connection at the last probe.
-    unreachable: Arc<Mutex<Vec<String>>>,
+    board: Arc<ActivityBoard>,
 }
 
-/// How often the nodes' addresses are probed, so a node that dies while the cluster is
-/// idle shows as lost (the data plane notices only at the next step).
-const LIVENESS_EVERY: Duration = Duration::from_secs(1);
-const LIVENESS_TIMEOUT: Duration = Duration::from_millis(500);
-
-/// Probes every node of the current description with a TCP connect, once a second, for
-/// the life of the process, and keeps the list of those that did not answer.
-fn probe_nodes(described: Arc<Mutex<Value>>, unreachable: Arc<Mutex<Vec<String>>>) {
-    let spawned = std::thread::Builder::new()
-        .name("weft-node-probe".into())
-        .spawn(move || loop {
-            let addrs: Vec<String> = described
-                .lock()
-                .map(|d| {
-                    d["nodes"]
-                        .as_array()
-                        .into_iter()
-                        .flatten()
-                        .filter_map(|n| n["address"].as_str().map(String::from))
-                        .collect()
-                })
-                .unwrap_or_default();
-            let down: Vec<String> = addrs
-                .into_iter()
-                .filter(|a| {
-                    // Peers may be given by name, as `--peers` takes them.
-                    let reached = std::net::ToSocketAddrs::to_socket_addrs(a.as_str())
-                        .into_iter()
-                        .flatten()
-                        .any(|sa| {
-                            std::net::TcpStream::connect_timeout(&sa, LIVENESS_TIMEOUT).is_ok()
-                        });
-                    !reached
-                })
-                .collect();
-            if let Ok(mut u) = unreachable.lock() {
-                *u = down;
-            }
-            std::thread::sleep(LIVENESS_EVERY);
-        });
-    if let Err(e) = spawned {
-        tracing::warn!("cannot start the node probe: {e}");
-    }
-}
+/// A node silent this long on its control link (it beats four times a second, even while
+/// it loads or computes) shows as lost; one whose link closed shows so at once.
+const LOST_AFTER: Duration = Duration::from_millis(1500);
 
 impl ClusterView for ClusterInfo {
     fn describe(&self) -> Value {
@@ -102,34 +61,43 @@ impl ClusterView for ClusterInfo {
         if let (Some(o), Ok(e)) = (v.as_object_mut(), self.events.lock()) {
             o.insert("resumes".into(), json!(*e));
         }
-        let down = self
-            .unreachable
-            .lock()
-            .map(|u| u.clone())
-            .unwrap_or_default();
         if let Some(nodes) = v.get_mut("nodes").and_then(Value::as_array_mut) {
             for n in nodes {
-                let lost = n["address"]
-                    .as_str()
-                    .is_some_and(|a| down.iter().any(|d| d == a));
-                n["state"] = json!(if lost { "lost" } else { "ready" });
+                let addr = n["address"].as_str().unwrap_or_default().to_string();
+                n["state"] = json!(self.board.state(&addr, LOST_AFTER).as_str());
+                if let Some(w) = self.board.get(&addr).and_then(|a| a.work) {
+                    n["work"] = json!(w);
+                }
             }
         }
         v
     }
 }
 
-/// The nodes, shards and links of `cluster`, as `/v1/cluster` shows them.
-fn describe(cluster: &Cluster) -> Value {
+/// The nodes, shards and links of `cluster`, as `/v1/cluster` shows them: with the
+/// survey, each node's machine and the measured links; with the model, what of it each
+/// node holds.
+fn describe(
+    cluster: &Cluster,
+    survey: Option<&Survey>,
+    model: Option<(&GgufFile, &ModelConfig)>,
+) -> Value {
     let layout = cluster.layout();
     let share_total: f64 = layout.tp_weights.iter().sum();
+    let shards = model.and_then(|(f, cfg)| {
+        layout
+            .node_shards(f, cfg)
+            .map_err(|e| tracing::warn!("describing the shards: {e}"))
+            .ok()
+    });
+    let surveyed = |addr: &str| survey.and_then(|s| s.peers.iter().position(|p| p == addr));
     let nodes: Vec<Value> = cluster
         .nodes()
         .into_iter()
         .enumerate()
         .map(|(i, (addr, shard, rss))| {
             let (stage, pos) = (i / layout.width(), i % layout.width());
-            json!({
+            let mut n = json!({
                 "rank": i + 1,
                 "address": addr,
                 "stage": stage,
@@ -139,10 +107,57 @@ fn describe(cluster: &Cluster) -> Value {
                 "tp_share": layout.tp_weights[pos % layout.tp] / share_total,
                 "weight_bytes": shard,
                 "rss_bytes_after_load": rss,
-            })
+            });
+            if let (Some(s), Some(k)) = (survey, surveyed(&addr)) {
+                n["host"] = s.nodes[k].machine();
+            }
+            if let (Some(sh), Some((_, cfg))) = (shards.as_ref().and_then(|v| v.get(i)), model) {
+                let r = |x: &std::ops::Range<usize>| json!([x.start, x.end]);
+                n["holds"] = json!({
+                    "heads": r(&sh.heads), "kv_heads": r(&sh.kv_heads(cfg)),
+                    "ffn_columns": r(&sh.ffn), "vocab_rows": r(&sh.vocab),
+                    "experts": cfg.moe.as_ref().map(|_| r(&sh.experts)),
+                    "expert_columns": cfg.moe.as_ref().map(|_| r(&sh.expert_ffn)),
+                });
+            }
+            n
         })
         .collect();
     let o = cluster.options();
+    let mut links = json!({
+        "transport": o.transport,
+        "injected_delay_us": o.link_delay_us,
+        "timeout_ms": o.timeout.as_millis() as u64,
+    });
+    if let Some(s) = survey {
+        // The matrix in the cluster's order: the coordinator, then node 1, 2, …
+        let index: Option<Vec<usize>> = std::iter::once(Some(0))
+            .chain(cluster.peers().iter().map(|p| surveyed(p).map(|k| k + 1)))
+            .collect();
+        if let Some(ix) = index {
+            let pick = |m: &Vec<Vec<f64>>| -> Vec<Vec<f64>> {
+                ix.iter()
+                    .map(|&a| ix.iter().map(|&b| m[a][b]).collect())
+                    .collect()
+            };
+            let transport: Vec<Vec<&str>> = ix
+                .iter()
+                .map(|&a| {
+                    ix.iter()
+                        .map(|&b| s.links.transport[a][b].as_str())
+                        .collect()
+                })
+                .collect();
+            links["measured"] = json!({
+                "between": std::iter::once("coordinator".to_string())
+                    .chain(cluster.peers().iter().cloned())
+                    .collect::<Vec<_>>(),
+                "rtt_us": pick(&s.links.rtt_us),
+                "bandwidth_gb_s": pick(&s.links.bandwidth_gb_s),
+                "transport": transport,
+            });
+        }
+    }
     json!({
         "mode": "cluster",
         "tp": layout.tp,
@@ -151,11 +166,7 @@ fn describe(cluster: &Cluster) -> Value {
         "stages": layout.stage_ranks(),
         "syncs_per_token": layout.syncs_per_token(),
         "nodes": nodes,
-        "links": {
-            "transport": o.transport,
-            "injected_delay_us": o.link_delay_us,
-            "timeout_ms": o.timeout.as_millis() as u64,
-        },
+        "links": links,
     })
 }
 
@@ -169,6 +180,7 @@ struct ServeFormer {
     slots: usize,
     local: Option<LocalNodes>,
     described: Arc<Mutex<Value>>,
+    board: Arc<ActivityBoard>,
 }
 
 /// How long a peer has to answer a probe before a re-plan leaves it out.
@@ -178,35 +190,39 @@ const PROBE_TIMEOUT: Duration = Duration::from_secs(1);
 const MEMBERS_WAIT: Duration = Duration::from_millis(300);
 
 impl ServeFormer {
-    fn take(&mut self, opened: Opened) -> Cluster {
+    /// Keeps what `/v1/cluster` shows of a newly formed cluster, and its local nodes.
+    fn take(&mut self, opened: Opened) -> (Cluster, Tokenizer) {
         let Opened {
             cluster,
+            tokenizer,
             _local: local,
             planned,
+            predicted,
+            survey,
             ..
         } = opened;
-        self.take_parts(cluster, local, planned)
-    }
-
-    fn take_parts(
-        &mut self,
-        cluster: Cluster,
-        local: Option<LocalNodes>,
-        planned: Option<(Candidate, Survey)>,
-    ) -> Cluster {
+        let model = GgufFile::open(&self.path)
+            .ok()
+            .and_then(|f| ModelConfig::from_gguf(&f).ok().map(|c| (f, c)));
         if let Ok(mut d) = self.described.lock() {
-            *d = describe(&cluster);
-            // What the planner chose and the measurements it chose from (only when the
-            // layout was planned, not given by flags).
-            if let Some((c, s)) = planned {
+            *d = describe(
+                &cluster,
+                survey.as_ref(),
+                model.as_ref().map(|(f, c)| (f, c)),
+            );
+            // What the planner chose (or predicts for the layout the flags gave) and the
+            // measurements it worked from.
+            let chosen = planned.is_some();
+            if let (Some(c), Some(s)) = (planned.or(predicted), survey) {
                 d["plan"] = json!({
-                    "layout": c.name, "prediction": c.prediction, "memory_bytes": c.memory,
-                    "profiles": s.nodes, "links": s.links, "surveyed": s.peers,
+                    "layout": c.name, "chosen": chosen, "prediction": c.prediction,
+                    "memory_bytes": c.memory, "profiles": s.nodes, "links": s.links,
+                    "surveyed": s.peers,
                 });
             }
         }
         self.local = local;
-        cluster
+        (cluster, tokenizer)
     }
 
     /// The peers that answer an authenticated dial now, in the order given, then any
@@ -264,24 +280,34 @@ impl Former for ServeFormer {
         } else {
             eprintln!("weft serve: forming the cluster again");
         }
-        let opened = open(&layout, &self.path, self.ctx, TOP_K, true, self.slots)
-            .map_err(|e| format!("{e:#}"))?;
-        Ok(self.take(opened))
+        let opened = open(
+            &layout,
+            &self.path,
+            self.ctx,
+            TOP_K,
+            true,
+            self.slots,
+            Some(self.board.clone()),
+        )
+        .map_err(|e| format!("{e:#}"))?;
+        Ok(self.take(opened).0)
     }
 }
 
 pub fn start(a: &ServeArgs, path: &Path, opts: BatchOptions) -> Result<Started> {
     let file = GgufFile::open(path).with_context(|| format!("opening {}", path.display()))?;
-    let opened = open(&a.layout, path, a.ctx, TOP_K, true, opts.max_seqs)?;
+    let board = Arc::new(ActivityBoard::default());
+    let opened = open(
+        &a.layout,
+        path,
+        a.ctx,
+        TOP_K,
+        true,
+        opts.max_seqs,
+        Some(board.clone()),
+    )?;
     let template = chat_template(&file, &opened.tokenizer)?;
-    let Opened {
-        cluster,
-        tokenizer,
-        _local: local,
-        planned,
-        ..
-    } = opened;
-    let tokenizer = Arc::new(tokenizer);
+
     let described = Arc::new(Mutex::new(Value::Null));
     let mut former = ServeFormer {
         layout: a.layout.clone(),
@@ -290,8 +316,10 @@ pub fn start(a: &ServeArgs, path: &Path, opts: BatchOptions) -> Result<Started> 
         slots: opts.max_seqs,
         local: None,
         described: described.clone(),
+        board: board.clone(),
     };
-    let first = former.take_parts(cluster, local, planned);
+    let (first, tokenizer) = former.take(opened);
+    let tokenizer = Arc::new(tokenizer);
     if !(a.resume_wait.is_finite() && a.resume_wait >= 0.0) {
         bail!(
             "--resume-wait {} must be a number of seconds >= 0",
@@ -306,8 +334,6 @@ pub fn start(a: &ServeArgs, path: &Path, opts: BatchOptions) -> Result<Started> 
     let events = backend.events();
     let handle = EngineHandle::start(backend, tokenizer.clone(), opts)
         .context("starting the batcher thread")?;
-    let unreachable = Arc::new(Mutex::new(Vec::new()));
-    probe_nodes(described.clone(), unreachable.clone());
     Ok((
         handle,
         tokenizer,
@@ -315,7 +341,7 @@ pub fn start(a: &ServeArgs, path: &Path, opts: BatchOptions) -> Result<Started> 
         Box::new(ClusterInfo {
             described,
             events,
-            unreachable,
+            board,
         }),
     ))
 }

@@ -135,7 +135,7 @@ pub fn measure_one_node(
         ..LayoutArgs::default()
     };
     let n_ctx = (prompt + DECODE + 8).max(64);
-    let mut c = open(&layout, path, n_ctx, 1, false, 1).context("starting one local node")?;
+    let mut c = open(&layout, path, n_ctx, 1, false, 1, None).context("starting one local node")?;
     let mut next = crate::bench_tokens::pseudo_random_tokens(c.n_vocab as u64);
     let tokens: Vec<u32> = (0..prompt.max(1)).map(|_| next()).collect();
     let decode: Vec<u32> = (0..DECODE).map(|_| next()).collect();

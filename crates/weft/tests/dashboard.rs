@@ -53,6 +53,52 @@ fn the_page_and_its_stream_show_the_cluster_and_a_lost_node() {
     for n in nodes {
         assert_eq!(n["state"], "ready", "{last}");
         assert!(n["weight_bytes"].as_u64().is_some_and(|b| b > 0), "{last}");
+        // The machine, as the survey before the flag-given layout found it.
+        assert!(
+            n["host"]["cores"].as_u64().is_some_and(|c| c >= 1),
+            "{last}"
+        );
+        assert!(
+            n["host"]["memory_offered"].as_u64().is_some_and(|m| m > 0),
+            "{last}"
+        );
+        assert!(
+            n["work"]["steps"].is_u64(),
+            "heartbeats carry the work: {last}"
+        );
+    }
+    // What each holds: TP=2 splits Gemma 3 270M's 4 query heads and 262,144 vocab rows in two.
+    let holds: Vec<(&Value, &Value)> = nodes
+        .iter()
+        .map(|n| (&n["holds"]["heads"], &n["holds"]["vocab_rows"]))
+        .collect();
+    assert_eq!(
+        holds,
+        vec![
+            (&serde_json::json!([0, 2]), &serde_json::json!([0, 131072])),
+            (
+                &serde_json::json!([2, 4]),
+                &serde_json::json!([131072, 262144])
+            )
+        ],
+        "{last}"
+    );
+    // The layout came from flags: the planner predicts it, from the same survey.
+    let plan = &last["plan"];
+    assert_eq!(plan["chosen"], false, "{last}");
+    assert!(plan["layout"].as_str().unwrap().contains("TP=2"), "{last}");
+    assert!(
+        plan["prediction"]["decode_tok_s"]
+            .as_f64()
+            .is_some_and(|t| t > 0.0),
+        "{last}"
+    );
+    // The links measured between the coordinator and both nodes, every pair.
+    let rtt = &last["links"]["measured"]["rtt_us"];
+    for (i, j) in [(0, 1), (0, 2), (1, 2)] {
+        assert!(rtt[i][j].as_f64().is_some_and(|t| t > 0.0), "{last}");
+        let bw = &last["links"]["measured"]["bandwidth_gb_s"][i][j];
+        assert!(bw.as_f64().is_some_and(|b| b > 0.0), "{last}");
     }
     assert_eq!(last["tp"], 2, "{last}");
     assert_eq!(last["details"]["family"], "gemma3", "{last}");
@@ -99,6 +145,41 @@ fn the_page_and_its_stream_show_the_cluster_and_a_lost_node() {
         assert_eq!(r["answer"].as_str(), Some(want.as_str()), "{r}");
         assert!(r["speed"].as_str().unwrap().contains("tok/s"), "{r}");
         assert_eq!(r["nodes"].as_array().map(Vec::len), Some(2), "{r}");
+        // Three boxes, three lines, each labelled with its round trip and bandwidth.
+        assert_eq!(r["lines"], 3, "{r}");
+        let labels = r["links"].as_array().unwrap();
+        assert_eq!(labels.len(), 3, "{r}");
+        assert!(
+            labels.iter().all(|l| {
+                let l = l.as_str().unwrap_or_default();
+                l.contains(" µs") && l.contains(" GB/s") && !l.contains('?')
+            }),
+            "{r}"
+        );
+        assert!(
+            r["nodes"][0].as_str().unwrap().contains("cores"),
+            "the machine on its card: {r}"
+        );
+        // The prediction for the given layout, beside the measured speed.
+        let predicted = r["predicted"].as_str().unwrap();
+        assert!(
+            predicted.ends_with(" tok/s") && !predicted.starts_with('?'),
+            "{r}"
+        );
+        // The table of what each node holds: a header and both nodes' heads.
+        let holds = r["holds"].as_array().unwrap();
+        assert_eq!(holds.len(), 3, "{r}");
+        assert!(holds[1].as_str().unwrap().contains("0–1"), "{r}");
+        assert!(holds[2].as_str().unwrap().contains("2–3"), "{r}");
+        // Both nodes computed for the chat, and the page says how much.
+        for line in r["shares"].as_array().unwrap() {
+            let line = line.as_str().unwrap();
+            assert!(
+                line.contains("computing") && !line.contains(" 0 steps"),
+                "{r}"
+            );
+        }
+        assert!(r["live"].as_str().unwrap().contains("first token"), "{r}");
         assert_eq!(r["errors"], serde_json::json!([]), "console errors: {r}");
         assert!(r["lost_after_s"].as_f64().is_some_and(|t| t < 5.0), "{r}");
         eprintln!("dashboard screenshots: {}", shots.display());

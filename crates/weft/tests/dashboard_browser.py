@@ -3,8 +3,9 @@ person would: gives the API key, waits for both nodes, chats, then watches a kil
 turn to lost. Writes screenshots at laptop and phone width.
 
 usage: dashboard_browser.py URL KEY OUT_DIR NODE_PID PROMPT MAX_TOKENS
-Prints one JSON line: the streamed answer, the tok/s line, seconds until the node showed
-lost, console errors. Exits non-zero with the reason on a failed step.
+Prints one JSON line: the node cards, the topology's link labels and lines, the table of
+what each node holds, the nodes' compute/network lines, the live table, the streamed
+answer, the tok/s line, seconds until the node showed lost, console errors. Exits non-zero with the reason on a failed step.
 """
 
 import json
@@ -31,6 +32,13 @@ with sync_playwright() as p:
     page.dispatch_event("#key", "change")
     page.wait_for_function("document.querySelectorAll('#nodes .node').length === 2", timeout=15_000)
     nodes = page.eval_on_selector_all("#nodes .node", "els => els.map(e => e.innerText)")
+    # The topology: three boxes (the coordinator and two nodes), every pair a line labelled
+    # with its measured round trip and bandwidth.
+    page.wait_for_function("document.querySelectorAll('#topology .linklabel').length === 3", timeout=5_000)
+    links = page.eval_on_selector_all("#topology .linklabel", "els => els.map(e => e.textContent)")
+    lines = page.eval_on_selector_all("#topology line", "els => els.length")
+    holds = page.eval_on_selector_all("#holds tr", "els => els.map(e => e.innerText)")
+    predicted = page.text_content("#decode-vs")
     page.fill("#temperature", "0")
     page.fill("#maxtokens", max_tokens)
     page.fill("#prompt", prompt)
@@ -39,6 +47,10 @@ with sync_playwright() as p:
                            timeout=60_000)
     answer = page.text_content(".msg.assistant")
     speed = page.text_content(".speed")
+    # The nodes worked: each one's share chart says how much of its time went to computing.
+    page.wait_for_function("document.querySelectorAll('#shares .share').length === 2", timeout=5_000)
+    shares = page.eval_on_selector_all("#shares .share", "els => els.map(e => e.textContent)")
+    live = page.text_content("#live")
     page.screenshot(path=os.path.join(out_dir, "dashboard-laptop.png"), full_page=True)
     page.set_viewport_size({"width": 390, "height": 844})
     page.screenshot(path=os.path.join(out_dir, "dashboard-phone.png"), full_page=True)
@@ -49,5 +61,6 @@ with sync_playwright() as p:
     lost_after = time.time() - killed
     page.screenshot(path=os.path.join(out_dir, "dashboard-node-lost.png"), full_page=True)
     browser.close()
-print(json.dumps({"nodes": nodes, "answer": answer, "speed": speed, "lost_after_s": lost_after,
+print(json.dumps({"nodes": nodes, "links": links, "lines": lines, "holds": holds, "predicted": predicted, "shares": shares,
+                  "live": live, "answer": answer, "speed": speed, "lost_after_s": lost_after,
                   "errors": errors}))

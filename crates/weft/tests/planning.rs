@@ -256,6 +256,7 @@ fn the_planned_layout_and_its_measurements_are_shown() {
     let v: Value = serde_json::from_slice(&out.stdout).unwrap();
     let plan = &v["plan"];
     assert!(plan["layout"].is_string(), "{v}");
+    assert_eq!(plan["chosen"], true, "the planner chose it: {v}");
     assert!(
         plan["prediction"]["decode_tok_s"].as_f64().unwrap() > 0.0,
         "{v}"
