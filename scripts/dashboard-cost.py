@@ -1,11 +1,13 @@
 """Measures what the dashboard costs decode: `weft bench serve` against one `weft serve`,
 alternating runs without a browser and with the page open in headless Chromium
-(Playwright), and prints each run's aggregate decode tok/s and the medians' ratio.
+(Playwright), and prints each run's aggregate decode tok/s, the medians' ratio, and the
+share of a core the browser used while the page was open (its cost on a shared machine).
 
 usage: target/pyenv/bin/python scripts/dashboard-cost.py [ROUNDS] [SERVE FLAGS...]
 """
 
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -27,6 +29,20 @@ def bench():
     return json.loads(out)
 
 
+def browser_cpu_s():
+    """CPU seconds used so far by every Chromium process (the open page's whole cost)."""
+    total = 0
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            cmd = open(f"/proc/{pid}/cmdline", "rb").read()
+            fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if b"chrom" in cmd:
+            total += int(fields[11]) + int(fields[12])
+    return total / os.sysconf("SC_CLK_TCK")
+
+
 def key_figure(r):
     # Eight streams' aggregate rate over the whole run (the window where all eight
     # decode at once is a fraction of a second, too short to compare 3 % on).
@@ -34,6 +50,7 @@ def key_figure(r):
 
 
 runs = {"without": [], "with page": []}
+browser_share = []
 try:
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path="/usr/bin/chromium", args=["--no-sandbox"])
@@ -43,7 +60,9 @@ try:
             page.goto(url + "/")
             page.wait_for_selector("#nodes .node")
             time.sleep(2)
+            c0, t0 = browser_cpu_s(), time.time()
             runs["with page"].append(key_figure(bench()))
+            browser_share.append((browser_cpu_s() - c0) / (time.time() - t0))
             page.close()
         browser.close()
 finally:
@@ -52,3 +71,5 @@ for k, v in runs.items():
     print(f"{k}: {', '.join(f'{x:.1f}' for x in v)} tok/s, median {statistics.median(v):.1f}")
 ratio = statistics.median(runs["with page"]) / statistics.median(runs["without"])
 print(f"with the page open / without: {ratio:.3f}")
+print(f"the browser with the page used {100 * statistics.median(browser_share):.1f} % of one core "
+      f"during the runs (median)")

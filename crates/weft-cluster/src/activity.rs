@@ -12,9 +12,14 @@ use std::time::{Duration, Instant};
 use serde::{Deserialize, Serialize};
 
 /// A node's work since it started, as one beat carries it (cumulative, so a reader takes
-/// differences between two beats for rates; a lost beat loses nothing).
+/// differences between two beats for rates; a lost beat loses nothing). A field a peer
+/// leaves out reads as 0.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
 pub struct NodeWork {
+    /// µs since the node started, on its own clock: the span the other counters grew in
+    /// between two beats.
+    pub uptime_us: u64,
     /// Microseconds of steps spent computing, and waiting in collectives or hand-offs.
     pub compute_us: u64,
     pub network_us: u64,
@@ -25,14 +30,29 @@ pub struct NodeWork {
 }
 
 /// The node's side: updated by the stepper and the loader, read by the beat thread.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct WorkCounters {
+    started: Instant,
     compute_us: AtomicU64,
     network_us: AtomicU64,
     steps: AtomicU64,
     loading: AtomicBool,
     load_done: AtomicU32,
     load_total: AtomicU32,
+}
+
+impl Default for WorkCounters {
+    fn default() -> Self {
+        WorkCounters {
+            started: Instant::now(),
+            compute_us: AtomicU64::new(0),
+            network_us: AtomicU64::new(0),
+            steps: AtomicU64::new(0),
+            loading: AtomicBool::new(false),
+            load_done: AtomicU32::new(0),
+            load_total: AtomicU32::new(0),
+        }
+    }
 }
 
 impl WorkCounters {
@@ -59,6 +79,7 @@ impl WorkCounters {
 
     pub fn snapshot(&self) -> NodeWork {
         NodeWork {
+            uptime_us: self.started.elapsed().as_micros() as u64,
             compute_us: self.compute_us.load(Ordering::Relaxed),
             network_us: self.network_us.load(Ordering::Relaxed),
             steps: self.steps.load(Ordering::Relaxed),
@@ -109,15 +130,29 @@ impl NodeState {
 impl ActivityBoard {
     /// A beat from `addr`, with what it reported.
     pub fn heard(&self, addr: &str, work: Option<NodeWork>) {
+        let now = NodeActivity {
+            work,
+            heard: Instant::now(),
+            ended: false,
+        };
         if let Ok(mut m) = self.nodes.lock() {
-            m.insert(
-                addr.to_string(),
-                NodeActivity {
-                    work,
-                    heard: Instant::now(),
-                    ended: false,
-                },
-            );
+            // Four times a second per node: the address is copied only the first time.
+            match m.get_mut(addr) {
+                Some(a) => *a = now,
+                None => {
+                    m.insert(addr.to_string(), now);
+                }
+            }
+        }
+    }
+
+    /// `addr` said it is ready: its last beat's loading progress is over (the next beat,
+    /// up to a beat later, would say so too).
+    pub fn loaded(&self, addr: &str) {
+        if let Ok(mut m) = self.nodes.lock() {
+            if let Some(w) = m.get_mut(addr).and_then(|a| a.work.as_mut()) {
+                w.loading = None;
+            }
         }
     }
 
@@ -132,6 +167,25 @@ impl ActivityBoard {
 
     pub fn get(&self, addr: &str) -> Option<NodeActivity> {
         self.nodes.lock().ok()?.get(addr).copied()
+    }
+
+    /// The nodes loading a shard now (heard within `silence`, their link open), with
+    /// their work, by address.
+    pub fn loading(&self, silence: Duration) -> Vec<(String, NodeWork)> {
+        let Ok(m) = self.nodes.lock() else {
+            return Vec::new();
+        };
+        let mut out: Vec<(String, NodeWork)> = m
+            .iter()
+            .filter(|(_, a)| !a.ended && a.heard.elapsed() <= silence)
+            .filter_map(|(addr, a)| {
+                a.work
+                    .filter(|w| w.loading.is_some())
+                    .map(|w| (addr.clone(), w))
+            })
+            .collect();
+        out.sort_by(|a, b| a.0.cmp(&b.0));
+        out
     }
 
     /// `addr`'s state: lost once its link ended or it has been silent for `silence`
@@ -156,7 +210,9 @@ mod tests {
         c.step(0.5, 0.25);
         c.step(0.000_001, 0.0);
         c.load_progress(3, 19);
+        std::thread::sleep(Duration::from_millis(2));
         let w = c.snapshot();
+        assert!(w.uptime_us >= 2_000, "{w:?}");
         assert_eq!(w.compute_us, 500_001);
         assert_eq!(w.network_us, 250_000);
         assert_eq!(w.steps, 2);
@@ -166,6 +222,12 @@ mod tests {
         // What a beat carries survives its JSON form.
         let back: NodeWork = serde_json::from_str(&serde_json::to_string(&w).unwrap()).unwrap();
         assert_eq!(back, w);
+        // A peer that sends fewer fields (an older or newer node) still parses.
+        let sparse: NodeWork = serde_json::from_str(r#"{"steps": 7}"#).unwrap();
+        assert_eq!(
+            (sparse.steps, sparse.compute_us, sparse.loading),
+            (7, 0, None)
+        );
     }
 
     #[test]
@@ -179,6 +241,14 @@ mod tests {
         };
         b.heard("a:1", Some(loading));
         assert_eq!(b.state("a:1", long), NodeState::Loading);
+        b.heard("b:2", Some(NodeWork::default()));
+        assert_eq!(b.loading(long), vec![("a:1".to_string(), loading)]);
+        b.loaded("a:1");
+        assert_eq!(
+            b.state("a:1", long),
+            NodeState::Ready,
+            "it said it is ready"
+        );
         b.heard("a:1", Some(NodeWork::default()));
         assert_eq!(b.state("a:1", long), NodeState::Ready);
         std::thread::sleep(Duration::from_millis(20));

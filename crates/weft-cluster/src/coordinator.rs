@@ -202,6 +202,9 @@ impl Cluster {
                     shard_bytes: b,
                     rss_bytes,
                 } => {
+                    if let Some(board) = &opts.activity {
+                        board.loaded(addr);
+                    }
                     addrs.push(data_addr);
                     shard_bytes.push(b);
                     load_rss.push(rss_bytes);

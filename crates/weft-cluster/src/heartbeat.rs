@@ -64,7 +64,8 @@ pub type OnBeat = Box<dyn Fn(&[u32], Option<&NodeWork>) + Send>;
 /// What the link tells its owner as it runs.
 pub struct Hooks {
     pub on_beat: OnBeat,
-    /// Called once when the connection ends.
+    /// Called once when the peer ends the connection (or it breaks); not when this
+    /// side closes it.
     pub on_end: Box<dyn Fn() + Send>,
     /// The ages this side's beats carry.
     pub ages: Box<dyn Fn() -> Vec<u32> + Send>,
@@ -173,7 +174,10 @@ where
                     if let Ok(mut g) = ended.lock() {
                         *g = Some(why);
                     }
-                    on_end();
+                    // A link this side closed (dropped) says nothing of the peer.
+                    if !stop.load(Ordering::Relaxed) {
+                        on_end();
+                    }
                 })
                 .map_err(|e| format!("starting a control reader: {e}"))?
         };
@@ -345,6 +349,40 @@ mod tests {
         drop(right);
         let e = left.recv(Duration::from_secs(5)).unwrap_err();
         assert!(e.contains("closed"), "{e}");
+    }
+
+    #[test]
+    fn only_the_peer_closing_the_link_calls_on_end() {
+        let counting = |n: &Arc<AtomicUsize>| {
+            let n = n.clone();
+            Hooks {
+                on_end: Box::new(move || {
+                    n.fetch_add(1, Ordering::Relaxed);
+                }),
+                ..Hooks::none()
+            }
+        };
+        let (left_ends, right_ends) =
+            (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+        let (a, b) = pair();
+        let left: ControlLink<String, String> =
+            ControlLink::start(a, "b", counting(&left_ends)).unwrap();
+        let right: ControlLink<String, String> =
+            ControlLink::start(b, "a", counting(&right_ends)).unwrap();
+        // Left closes its own side: its peer (right) ended, left itself heard nothing.
+        drop(left);
+        let t = Instant::now();
+        while right_ends.load(Ordering::Relaxed) == 0 && t.elapsed() < Duration::from_secs(5) {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        assert_eq!(
+            right_ends.load(Ordering::Relaxed),
+            1,
+            "the peer's close is an end"
+        );
+        assert_eq!(left_ends.load(Ordering::Relaxed), 0, "our own close is not");
+        drop(right);
+        assert_eq!(right_ends.load(Ordering::Relaxed), 1, "once");
     }
 
     #[test]

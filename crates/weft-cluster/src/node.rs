@@ -36,6 +36,9 @@ const MAX_PENDING: usize = 32;
 const BUSY_WAIT: Duration = Duration::from_secs(10);
 /// How long a coordinator may be silent (no message, no heartbeat) on the control channel.
 pub const CONTROL_SILENCE: Duration = Duration::from_secs(10);
+/// The environment variable of the test aid in `load`: milliseconds added to each
+/// layer's load.
+pub const LOAD_DELAY_ENV: &str = "WEFT_TEST_LOAD_DELAY_MS";
 /// Ranks a node's liveness table can hold before the plan says how many there are.
 const MAX_RANKS: usize = 4096;
 
@@ -390,7 +393,9 @@ fn session(
     ctl.send(&FromNode::Ready {
         data_addr,
         shard_bytes: loaded.model.total_weight_bytes() as u64,
-        rss_bytes: crate::procinfo::peak_rss_bytes().unwrap_or(0),
+        // Resident now, not the peak: a survey before (timing kernels over buffers since
+        // freed) would swell the peak; the peak is reported when the session stops.
+        rss_bytes: crate::procinfo::rss_bytes().unwrap_or(0),
     })?;
     let addrs = match ctl.recv(CONTROL_SILENCE)? {
         ToNode::Go { addrs } => addrs,
@@ -522,8 +527,17 @@ fn load(
         .map_err(|e| e.to_string())?
         .with_layers(a..b);
     // Loading maps the file and copies only column-split blocks; no weight is read yet.
+    // Test aid: each layer's load takes this much longer, so tests can watch a shard
+    // load (a large model's takes minutes). Unset in normal use.
+    let pause = std::env::var(LOAD_DELAY_ENV)
+        .ok()
+        .and_then(|v| v.parse::<u64>().ok())
+        .map(Duration::from_millis);
     let model = Model::load_with_progress(file, shard, plan.ubatch, &mut |done, total| {
-        work.load_progress(done, total)
+        work.load_progress(done, total);
+        if let Some(p) = pause {
+            std::thread::sleep(p);
+        }
     })
     .map_err(|e| e.to_string())?;
     if let Some(limit) = memory_limit {

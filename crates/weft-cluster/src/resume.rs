@@ -170,6 +170,13 @@ impl<F: Former> Resuming<F> {
         }
     }
 
+    /// Keeps its record of losses in `events` (made before the cluster was, for a
+    /// reporter that starts first).
+    pub fn with_events(mut self, events: Arc<Mutex<Vec<ResumeEvent>>>) -> Self {
+        self.events = events;
+        self
+    }
+
     /// Every loss so far, shared with whoever reports them.
     pub fn events(&self) -> Arc<Mutex<Vec<ResumeEvent>>> {
         self.events.clone()

@@ -8,6 +8,7 @@ use std::time::Duration;
 use serde::Serialize;
 use weft_comm::{LinkMatrix, Liveness};
 
+use crate::activity::ActivityBoard;
 use crate::control::{FromNode, SurveyRequest, ToNode};
 use crate::forming::{connect, form_group, GroupSpec};
 use crate::profile::NodeInfo;
@@ -24,6 +25,8 @@ pub struct SurveyOptions {
     pub bulk: usize,
     /// Nodes time their kernels now instead of reading their cache.
     pub fresh: bool,
+    /// Where the nodes' beats are kept for a watcher (their state while surveyed).
+    pub activity: Option<Arc<ActivityBoard>>,
 }
 
 /// What the survey found. `links` has the coordinator as rank 0 and `peers[i]` as i + 1.
@@ -47,7 +50,7 @@ pub fn survey(peers: &[String], opts: &SurveyOptions) -> Result<Survey, String> 
     // One node at a time, so that each times its kernels alone (a node measures on first
     // ask, about a second, beating meanwhile); then all at once, below.
     for (i, addr) in peers.iter().enumerate() {
-        let c = connect(addr, &opts.secret, &liveness, i + 1, None)?;
+        let c = connect(addr, &opts.secret, &liveness, i + 1, opts.activity.as_ref())?;
         c.send(&ToNode::Survey(Box::new(SurveyRequest {
             rank: i + 1,
             group_size: n,

@@ -16,8 +16,9 @@ pub struct BatchStats {
     pub completed: AtomicU64,
     pub cancelled: AtomicU64,
     pub failed: AtomicU64,
-    /// Time to first token (from submission) of completed requests: their sum in µs, and
-    /// the last one's.
+    /// Time to first token (from submission) of completed requests: how many, their sum
+    /// in µs, and the last one's.
+    pub ttft_count: AtomicU64,
     pub ttft_us_sum: AtomicU64,
     pub last_ttft_us: AtomicU64,
     /// The request running in each slot.
@@ -72,6 +73,7 @@ impl BatchStats {
             completed: AtomicU64::new(0),
             cancelled: AtomicU64::new(0),
             failed: AtomicU64::new(0),
+            ttft_count: AtomicU64::new(0),
             ttft_us_sum: AtomicU64::new(0),
             last_ttft_us: AtomicU64::new(0),
             slots: (0..slots).map(|_| SlotLive::default()).collect(),
@@ -106,15 +108,19 @@ impl BatchStats {
         }
     }
 
-    /// `slot` sampled a token at `now` (its first, or one more).
-    pub fn sampled(&self, slot: usize, now: Instant) {
-        let Some(s) = self.slots.get(slot) else {
-            return;
-        };
-        if s.first_token_us.load(Ordering::Relaxed) == 0 {
+    /// `slot` sampled for the first time at `now` (whether or not the token is kept: a
+    /// first token that ends the answer is still its first).
+    pub fn first_token(&self, slot: usize, now: Instant) {
+        if let Some(s) = self.slots.get(slot) {
             s.first_token_us.store(self.us(now), Ordering::Relaxed);
         }
-        s.generated.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// `slot` kept one more token.
+    pub fn kept(&self, slot: usize) {
+        if let Some(s) = self.slots.get(slot) {
+            s.generated.fetch_add(1, Ordering::Relaxed);
+        }
     }
 
     /// `slot`'s request completed: its time to first token joins the totals.
@@ -125,6 +131,7 @@ impl BatchStats {
                 s.first_token_us.load(Ordering::Relaxed),
             );
             if first >= sub && first > 0 {
+                self.ttft_count.fetch_add(1, Ordering::Relaxed);
                 self.ttft_us_sum.fetch_add(first - sub, Ordering::Relaxed);
                 self.last_ttft_us.store(first - sub, Ordering::Relaxed);
             }
@@ -173,7 +180,7 @@ impl BatchStats {
 
     /// Mean time to first token of the completed requests, in seconds.
     pub fn mean_ttft_s(&self) -> Option<f64> {
-        let n = self.completed.load(Ordering::Relaxed);
+        let n = self.ttft_count.load(Ordering::Relaxed);
         (n > 0).then(|| self.ttft_us_sum.load(Ordering::Relaxed) as f64 / 1e6 / n as f64)
     }
 }
@@ -198,10 +205,11 @@ mod tests {
         );
         assert_eq!((r[0].generated, r[0].ttft_s, r[0].tok_s), (0, None, None));
         std::thread::sleep(Duration::from_millis(5));
-        st.sampled(1, Instant::now());
+        st.first_token(1, Instant::now());
+        st.kept(1);
         std::thread::sleep(Duration::from_millis(5));
-        st.sampled(1, Instant::now());
-        st.sampled(1, Instant::now());
+        st.kept(1);
+        st.kept(1);
         let r = st.running()[0];
         assert_eq!(r.generated, 3);
         let ttft = r.ttft_s.unwrap();
@@ -221,6 +229,12 @@ mod tests {
         assert!((mean - ttft).abs() < 1e-6, "{mean} vs {ttft}");
         // A slot the backend does not have is ignored, not a panic.
         st.admitted(9, 1, Instant::now());
-        st.sampled(9, Instant::now());
+        st.first_token(9, Instant::now());
+        st.kept(9);
+        // A request whose first sample ended it (no token kept) still has its TTFT.
+        st.admitted(1, 2, Instant::now());
+        st.first_token(1, Instant::now());
+        st.completed_in(1);
+        assert_eq!(st.ttft_count.load(Ordering::Relaxed), 2);
     }
 }

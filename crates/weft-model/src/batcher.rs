@@ -136,8 +136,19 @@ pub const PANIC_HOOK_ENV: &str = "WEFT_TEST_PANIC_ON_PROMPT";
 
 impl<B: BatchBackend> Batcher<B> {
     pub fn new(backend: B, tokenizer: Arc<Tokenizer>, opts: BatchOptions) -> Self {
-        let max_seqs = opts.max_seqs.clamp(1, backend.slots().max(1));
         let stats = Arc::new(BatchStats::new(backend.slots().max(1)));
+        Self::with_stats(backend, tokenizer, opts, stats)
+    }
+
+    /// As `new`, counting into `stats` (made before the backend was, for a reader that
+    /// starts first; a slot past its records is simply not followed).
+    pub fn with_stats(
+        backend: B,
+        tokenizer: Arc<Tokenizer>,
+        opts: BatchOptions,
+        stats: Arc<BatchStats>,
+    ) -> Self {
+        let max_seqs = opts.max_seqs.clamp(1, backend.slots().max(1));
         let prefill_chunk = opts.prefill_chunk.clamp(1, backend.max_rows().max(1));
         Batcher {
             backend,
@@ -289,6 +300,7 @@ impl<B: BatchBackend> Batcher<B> {
                 let now = Instant::now();
                 if a.first_token.is_none() {
                     a.first_token = Some(now);
+                    self.stats.first_token(a.slot, now);
                 } else {
                     a.seq.out.decode_steps += 1;
                 }
@@ -307,7 +319,7 @@ impl<B: BatchBackend> Batcher<B> {
                 a.next = step.next;
                 if step.token.is_some() {
                     self.stats.generated_tokens.fetch_add(1, Ordering::Relaxed);
-                    self.stats.sampled(a.slot, now);
+                    self.stats.kept(a.slot);
                 }
                 if step.token.is_some() || !step.text.is_empty() {
                     // Only a kept token has a logprob entry, and only when they were asked for.

@@ -166,6 +166,12 @@ async fn health(State(st): State<Arc<AppState>>) -> Response {
     }
     // Whether a key is needed is said here, so the dashboard asks for one before it
     // makes a request that would be refused.
+    if !st.engine.is_ready() {
+        // As llama-server answers while it loads: not yet, but alive.
+        let body = json!({"status": "loading", "model": st.model_id,
+                          "api_key_required": st.api_key.is_some()});
+        return (axum::http::StatusCode::SERVICE_UNAVAILABLE, Json(body)).into_response();
+    }
     let body = json!({"status": "ok", "model": st.model_id, "api_key_required": st.api_key.is_some(),
                       "live": st.live()});
     Json(body).into_response()

@@ -78,6 +78,7 @@ pub fn predict_given(
 pub fn survey_options(secret: &str, l: &LayoutArgs, delay: f64, threads: usize) -> SurveyOptions {
     SurveyOptions {
         fresh: false,
+        activity: None,
         secret: secret.as_bytes().to_vec(),
         transport: l.transport.clone(),
         link_delay_us: delay,

@@ -17,7 +17,15 @@ use crate::best_layout::{best_layout, predict_given, survey_options};
 use crate::cluster_secret::secret_from;
 use crate::layout_args::LayoutArgs;
 use weft_cluster::activity::ActivityBoard;
-use weft_cluster::survey::{survey, Survey};
+use weft_cluster::survey::{survey as survey_nodes, Survey, SurveyOptions};
+
+/// Someone watching the cluster form and run (the dashboard): the nodes' beats go to
+/// `board`, and with `survey` a layout given by flags is surveyed first, as the planner
+/// would survey it (a re-form after a lost node skips that: it would lengthen the pause).
+pub struct Watch {
+    pub board: Arc<ActivityBoard>,
+    pub survey: bool,
+}
 
 /// A running cluster and what a coordinator needs beside it.
 pub struct Opened {
@@ -43,7 +51,7 @@ pub fn open(
     top_k: usize,
     logprobs: bool,
     slots: usize,
-    watch: Option<Arc<ActivityBoard>>,
+    watch: Option<Watch>,
 ) -> Result<Opened> {
     if l.nodes.is_some() && !l.peers.is_empty() {
         bail!("give either --nodes (local) or --peers (running nodes), not both");
@@ -143,23 +151,9 @@ pub fn open(
             tp_weights: (!l.tp_weights.is_empty()).then(|| l.tp_weights.clone()),
             ep_weights: (!l.ep_weights.is_empty()).then(|| l.ep_weights.clone()),
         };
-        // A watcher (the dashboard) shows the nodes, their links and the planner's
-        // prediction for the given layout even so.
-        let survey = watch.as_ref().and_then(|_| {
-            survey(
-                &peers,
-                &survey_options(&secret, l, l.link_delay_us, threads),
-            )
-            .map_err(|e| eprintln!("warning: the nodes and links could not be surveyed: {e}"))
-            .ok()
-        });
-        (peers, request, None, survey)
+        (peers, request, None, None)
     };
     let layout = Layout::plan(&request).map_err(|e| anyhow!(e))?;
-    let predicted = match (&planned, &survey) {
-        (None, Some(s)) => Some(predict_given(&file, &cfg, s, &layout, &workload)),
-        _ => None,
-    };
     if layout.ep > 1 && cfg.moe.is_none() {
         bail!(
             "--ep {}: {} has no routed experts to split",
@@ -167,6 +161,25 @@ pub fn open(
             model.display()
         );
     }
+    let board = watch.as_ref().map(|w| w.board.clone());
+    // A watcher (the dashboard) that asks shows the nodes, their links and the planner's
+    // prediction for a layout given by flags too: surveyed as the planner would.
+    let survey = match (survey, &watch) {
+        (None, Some(w)) if w.survey => {
+            let opts = SurveyOptions {
+                activity: board.clone(),
+                ..survey_options(&secret, l, l.link_delay_us, threads)
+            };
+            survey_nodes(&peers, &opts)
+                .map_err(|e| eprintln!("warning: the nodes and links could not be surveyed: {e}"))
+                .ok()
+        }
+        (s, _) => s,
+    };
+    let predicted = match (&planned, &survey) {
+        (None, Some(s)) => Some(predict_given(&file, &cfg, s, &layout, &workload)),
+        _ => None,
+    };
     let opts = ClusterOptions {
         secret: secret.into_bytes(),
         model: model.to_string_lossy().into_owned(),
@@ -180,7 +193,7 @@ pub fn open(
         timeout: Duration::from_secs(2),
         top_k,
         logprobs,
-        activity: watch,
+        activity: board,
     };
     let cluster = Cluster::connect(&peers, layout, opts).map_err(|e| anyhow!(e))?;
     Ok(Opened {

@@ -115,6 +115,7 @@ fn status(a: StatusArgs) -> Result<()> {
             pings: 200,
             bulk: 1 << 20,
             fresh: false,
+            activity: None,
         };
         Some(weft_cluster::survey::survey(&up, &opts).map_err(|e| anyhow!("measuring: {e}"))?)
     } else {

@@ -5,7 +5,7 @@ use std::io::Write;
 use std::path::Path;
 use std::sync::Arc;
 
-use anyhow::{anyhow, Context, Result};
+use anyhow::{anyhow, bail, Context, Result};
 use serde_json::{json, Value};
 use weft_model::{BatchOptions, LocalBatch};
 use weft_server::{AppState, ClusterView, EngineHandle};
@@ -134,14 +134,32 @@ pub fn run(a: ServeArgs) -> Result<()> {
         max_connections: weft_server::fit_connections(a.max_connections.max(1)),
         header_timeout: std::time::Duration::from_secs_f64(a.header_timeout.clamp(0.1, 3600.0)),
     };
-    outln!("listening on http://{addr}")?;
-    std::io::stdout().flush()?;
     let mut state = AppState::new(engine, tokenizer, template, model_id, api_key, view);
     state.default_max_tokens = a.default_max_tokens.max(1);
     state.details = weft_server::details::ModelDetails::from_gguf(&path).map_err(|e| anyhow!(e))?;
     let state = Arc::new(state);
+    // The server answers at once; a cluster may still be forming (its nodes loading
+    // their shards, shown on the dashboard). "listening on" says it is ready to serve.
+    let mut server = runtime.spawn(weft_server::serve(listener, state.clone(), limits));
+    if !state.engine.is_ready() {
+        eprintln!("weft serve: the cluster is forming; http://{addr}/ shows its nodes loading");
+    }
+    // Ready, failed, or stopped (ctrl-c, SIGTERM) while still forming.
+    let formed = runtime.block_on(async {
+        tokio::select! {
+            r = state.engine.wait_ready() => Some(r),
+            _ = &mut server => None,
+        }
+    });
+    match formed {
+        Some(r) => r.map_err(|why| anyhow!("{why}"))?,
+        None => bail!("stopped before the cluster had formed"),
+    }
+    outln!("listening on http://{addr}")?;
+    std::io::stdout().flush()?;
     runtime
-        .block_on(weft_server::serve(listener, state.clone(), limits))
+        .block_on(server)
+        .context("the HTTP server task")?
         .context("serving HTTP")?;
     // Exit non-zero when the engine died, so a supervisor restarts the server.
     match state.engine.stopped() {

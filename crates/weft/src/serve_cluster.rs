@@ -21,7 +21,7 @@ use weft_server::{ChatTemplate, ClusterView, EngineHandle};
 use weft_tokenizer::Tokenizer;
 
 use crate::chat_template::chat_template;
-use crate::cluster_open::{open, Opened};
+use crate::cluster_open::{open, Opened, Watch};
 use crate::cluster_secret::secret_from;
 use crate::layout_args::LayoutArgs;
 use crate::serve_args::ServeArgs;
@@ -57,16 +57,27 @@ impl ClusterView for ClusterInfo {
             .described
             .lock()
             .map(|v| v.clone())
-            .unwrap_or_else(|_| json!({"mode": "cluster"}));
+            .unwrap_or(Value::Null);
+        if v.is_null() {
+            // Not formed yet: the nodes are being surveyed or are loading their shards.
+            v = json!({"mode": "cluster", "forming": true, "nodes": []});
+        }
         if let (Some(o), Ok(e)) = (v.as_object_mut(), self.events.lock()) {
             o.insert("resumes".into(), json!(*e));
         }
         if let Some(nodes) = v.get_mut("nodes").and_then(Value::as_array_mut) {
-            for n in nodes {
+            for n in nodes.iter_mut() {
                 let addr = n["address"].as_str().unwrap_or_default().to_string();
                 n["state"] = json!(self.board.state(&addr, LOST_AFTER).as_str());
                 if let Some(w) = self.board.get(&addr).and_then(|a| a.work) {
                     n["work"] = json!(w);
+                }
+            }
+            // Nodes loading a shard for a cluster still forming (at start, or again
+            // after a lost node) appear beside the ones it had.
+            for (addr, work) in self.board.loading(LOST_AFTER) {
+                if !nodes.iter().any(|n| n["address"] == addr.as_str()) {
+                    nodes.push(json!({"address": addr, "state": "loading", "work": work}));
                 }
             }
         }
@@ -181,6 +192,9 @@ struct ServeFormer {
     local: Option<LocalNodes>,
     described: Arc<Mutex<Value>>,
     board: Arc<ActivityBoard>,
+    /// The last survey, for what a re-formed cluster shows of its nodes (a re-form does
+    /// not survey again with a layout given by flags: that would lengthen the pause).
+    last_survey: Option<Survey>,
 }
 
 /// How long a peer has to answer a probe before a re-plan leaves it out.
@@ -201,6 +215,10 @@ impl ServeFormer {
             survey,
             ..
         } = opened;
+        if survey.is_some() {
+            self.last_survey = survey.clone();
+        }
+        let survey = survey.or_else(|| self.last_survey.clone());
         let model = GgufFile::open(&self.path)
             .ok()
             .and_then(|f| ModelConfig::from_gguf(&f).ok().map(|c| (f, c)));
@@ -287,39 +305,25 @@ impl Former for ServeFormer {
             TOP_K,
             true,
             self.slots,
-            Some(self.board.clone()),
+            Some(Watch {
+                board: self.board.clone(),
+                survey: false,
+            }),
         )
         .map_err(|e| format!("{e:#}"))?;
         Ok(self.take(opened).0)
     }
 }
 
+/// Starts serving a cluster: the chat template and tokenizer come from the file at once,
+/// and the cluster forms on the batcher thread (nodes surveyed, planned, each loading
+/// its shard) while the server already answers: `/v1/cluster` and the dashboard show
+/// the nodes loading, requests wait, and the engine's `wait_ready` says when it is done.
 pub fn start(a: &ServeArgs, path: &Path, opts: BatchOptions) -> Result<Started> {
     let file = GgufFile::open(path).with_context(|| format!("opening {}", path.display()))?;
-    let board = Arc::new(ActivityBoard::default());
-    let opened = open(
-        &a.layout,
-        path,
-        a.ctx,
-        TOP_K,
-        true,
-        opts.max_seqs,
-        Some(board.clone()),
-    )?;
-    let template = chat_template(&file, &opened.tokenizer)?;
-
-    let described = Arc::new(Mutex::new(Value::Null));
-    let mut former = ServeFormer {
-        layout: a.layout.clone(),
-        path: path.to_path_buf(),
-        ctx: a.ctx,
-        slots: opts.max_seqs,
-        local: None,
-        described: described.clone(),
-        board: board.clone(),
-    };
-    let (first, tokenizer) = former.take(opened);
-    let tokenizer = Arc::new(tokenizer);
+    let cfg = ModelConfig::from_gguf(&file)?;
+    let tokenizer = Arc::new(weft_model::vocab::tokenizer_from_gguf(&file)?);
+    let template = chat_template(&file, &tokenizer)?;
     if !(a.resume_wait.is_finite() && a.resume_wait >= 0.0) {
         bail!(
             "--resume-wait {} must be a number of seconds >= 0",
@@ -330,9 +334,45 @@ pub fn start(a: &ServeArgs, path: &Path, opts: BatchOptions) -> Result<Started> 
         wait: Duration::from_secs_f64(a.resume_wait.min(86_400.0)),
         ..ResumeOptions::default()
     };
-    let backend = Resuming::new(first, former, resume);
-    let events = backend.events();
-    let handle = EngineHandle::start(backend, tokenizer.clone(), opts)
+    let board = Arc::new(ActivityBoard::default());
+    let described = Arc::new(Mutex::new(Value::Null));
+    let events = Arc::new(Mutex::new(Vec::new()));
+    let mut former = ServeFormer {
+        layout: a.layout.clone(),
+        path: path.to_path_buf(),
+        ctx: a.ctx,
+        slots: opts.max_seqs,
+        local: None,
+        described: described.clone(),
+        board: board.clone(),
+        last_survey: None,
+    };
+    let (layout, ctx, path_buf, watch, kept) = (
+        a.layout.clone(),
+        a.ctx,
+        path.to_path_buf(),
+        board.clone(),
+        events.clone(),
+    );
+    let build = move || {
+        let opened = open(
+            &layout,
+            &path_buf,
+            ctx,
+            TOP_K,
+            true,
+            opts.max_seqs,
+            Some(Watch {
+                board: watch,
+                survey: true,
+            }),
+        )
+        .map_err(|e| format!("{e:#}"))?;
+        let (first, _) = former.take(opened);
+        Ok(Resuming::new(first, former, resume).with_events(kept))
+    };
+    let n_ctx = a.ctx.min(cfg.n_ctx_train).max(1);
+    let handle = EngineHandle::start_deferred(build, tokenizer.clone(), opts, n_ctx)
         .context("starting the batcher thread")?;
     Ok((
         handle,

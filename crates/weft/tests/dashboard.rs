@@ -1,7 +1,9 @@
 //! The dashboard as its data reaches a browser: `GET /` is the page, open to all;
 //! `/v1/dashboard/events` streams the cluster view once a second behind the API key, with
 //! both nodes of a local TP=2 cluster, their shards, the model and the live counters, and a
-//! node killed while the cluster is idle shows as lost within five seconds.
+//! node killed while the cluster is idle shows as lost within five seconds; while the
+//! nodes still load their shards the server already answers, /health says loading and
+//! /v1/cluster shows each node's progress.
 
 mod common;
 
@@ -224,4 +226,106 @@ fn browser() -> Option<std::path::PathBuf> {
     );
     eprintln!("skipping the browser: no Chromium at {chromium} or no Playwright");
     None
+}
+
+/// `GET url` with curl: the status code and the JSON body.
+fn get_status(url: &str) -> (u16, Value) {
+    let out = Command::new("curl")
+        .args(["-s", "-w", "\n%{http_code}", url])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout).to_string();
+    let (body, code) = text.rsplit_once('\n').unwrap_or(("", "0"));
+    (
+        code.trim().parse().unwrap_or(0),
+        serde_json::from_str(body).unwrap_or(Value::Null),
+    )
+}
+
+#[test]
+fn the_server_answers_while_the_nodes_load_and_shows_their_progress() {
+    let Some(model) = real_model() else {
+        return;
+    };
+    // Each layer's load slowed (the test aid), so the shards take seconds to load.
+    let child = Command::new(env!("CARGO_BIN_EXE_weft"))
+        .args(["serve", "--port", "0", "--ctx", "512", "--model"])
+        .arg(&model)
+        .args(["--nodes", "2", "--tp", "2"])
+        .env("WEFT_TEST_LOAD_DELAY_MS", "150")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Killed however the test ends (its local nodes follow it).
+    let mut reap = common::Kill(vec![child]);
+    let child = &mut reap.0[0];
+    use std::io::BufRead;
+    let mut err = std::io::BufReader::new(child.stderr.take().unwrap());
+    // The server says where it answers before the cluster has formed.
+    let url = loop {
+        let mut line = String::new();
+        assert!(
+            err.read_line(&mut line).unwrap() > 0,
+            "weft serve ended before it said it was forming"
+        );
+        if let Some(rest) = line
+            .split("http://")
+            .nth(1)
+            .filter(|_| line.contains("forming"))
+        {
+            break format!("http://{}", rest.split('/').next().unwrap());
+        }
+    };
+    // Keep reading stderr, so the server never blocks on a full pipe.
+    std::thread::spawn(move || std::io::copy(&mut err, &mut std::io::sink()));
+    let (mut saw_loading, mut saw_health) = (Vec::new(), false);
+    let start = Instant::now();
+    while start.elapsed() < Duration::from_secs(30) {
+        let (code, health) = get_status(&format!("{url}/health"));
+        if code == 503 && health["status"] == "loading" {
+            saw_health = true;
+        }
+        if code == 200 {
+            break;
+        }
+        let (_, v) = get_status(&format!("{url}/v1/cluster"));
+        for n in v["nodes"].as_array().into_iter().flatten() {
+            if n["state"] == "loading" {
+                let p = &n["work"]["loading"];
+                saw_loading.push((p[0].as_u64().unwrap(), p[1].as_u64().unwrap()));
+            }
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert!(
+        saw_health,
+        "/health said loading (503) while the nodes loaded"
+    );
+    assert!(
+        !saw_loading.is_empty(),
+        "no node was seen loading in /v1/cluster"
+    );
+    assert!(
+        saw_loading
+            .iter()
+            .all(|&(done, total)| done <= total && total == 19),
+        "18 layers and the head: {saw_loading:?}"
+    );
+    assert!(
+        saw_loading.windows(2).any(|w| w[0].0 != w[1].0),
+        "the progress moved: {saw_loading:?}"
+    );
+    // Then it is ready: "listening on", and both nodes ready.
+    let ready = common::listening_on(child, "weft serve");
+    assert_eq!(ready, url);
+    let (code, v) = get_status(&format!("{url}/v1/cluster"));
+    assert_eq!(code, 200);
+    let states: Vec<&Value> = v["nodes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|n| &n["state"])
+        .collect();
+    assert_eq!(states, vec!["ready", "ready"], "{v}");
 }

@@ -189,8 +189,7 @@ fn a_cluster_batches_requests_and_forms_again_after_a_lost_node() {
         // Kill one node while idle: the next request's step finds it lost, the cluster
         // forms again (fresh local nodes), and the request is served all the same.
         let pid = s.child.id();
-        let children = std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children")).unwrap();
-        let node: i32 = children.split_whitespace().next().unwrap().parse().unwrap();
+        let node: i32 = common::child_pids(pid)[0].parse().unwrap();
         // SAFETY: signalling a child process of ours by pid.
         unsafe { libc::kill(node, libc::SIGKILL) };
         let again = complete(&s, prompts[0]);

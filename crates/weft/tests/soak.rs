@@ -124,9 +124,7 @@ fn rss_tree_kb(pid: u32) -> u64 {
             })
             .unwrap_or(0)
     };
-    let children =
-        std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children")).unwrap_or_default();
-    one(&pid.to_string()) + children.split_whitespace().map(one).sum::<u64>()
+    one(&pid.to_string()) + common::child_pids(pid).iter().map(|c| one(c)).sum::<u64>()
 }
 
 fn percentile(sorted: &[Duration], p: f64) -> Duration {

@@ -209,6 +209,19 @@ pub fn synthetic_llama_q8(dir: &std::path::Path) -> String {
     p.to_str().unwrap().to_string()
 }
 
+/// The pids of `pid`'s child processes, whichever of its threads started them (`weft
+/// serve` starts its local nodes on the thread that forms the cluster).
+pub fn child_pids(pid: u32) -> Vec<String> {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return Vec::new();
+    };
+    tasks
+        .flatten()
+        .filter_map(|t| std::fs::read_to_string(t.path().join("children")).ok())
+        .flat_map(|c| c.split_whitespace().map(String::from).collect::<Vec<_>>())
+        .collect()
+}
+
 /// Child processes killed when dropped.
 pub struct Kill(pub Vec<Child>);
 impl Drop for Kill {
