@@ -169,19 +169,23 @@ impl ActivityBoard {
         self.nodes.lock().ok()?.get(addr).copied()
     }
 
-    /// The nodes loading a shard now (heard within `silence`, their link open), with
-    /// their work, by address.
-    pub fn loading(&self, silence: Duration) -> Vec<(String, NodeWork)> {
+    /// The nodes heard within `silence` whose links are open, with their state and work,
+    /// by address.
+    pub fn alive(&self, silence: Duration) -> Vec<(String, NodeState, Option<NodeWork>)> {
         let Ok(m) = self.nodes.lock() else {
             return Vec::new();
         };
-        let mut out: Vec<(String, NodeWork)> = m
+        let mut out: Vec<(String, NodeState, Option<NodeWork>)> = m
             .iter()
             .filter(|(_, a)| !a.ended && a.heard.elapsed() <= silence)
-            .filter_map(|(addr, a)| {
-                a.work
-                    .filter(|w| w.loading.is_some())
-                    .map(|w| (addr.clone(), w))
+            .map(|(addr, a)| {
+                let loading = a.work.is_some_and(|w| w.loading.is_some());
+                let state = if loading {
+                    NodeState::Loading
+                } else {
+                    NodeState::Ready
+                };
+                (addr.clone(), state, a.work)
             })
             .collect();
         out.sort_by(|a, b| a.0.cmp(&b.0));
@@ -242,7 +246,17 @@ mod tests {
         b.heard("a:1", Some(loading));
         assert_eq!(b.state("a:1", long), NodeState::Loading);
         b.heard("b:2", Some(NodeWork::default()));
-        assert_eq!(b.loading(long), vec![("a:1".to_string(), loading)]);
+        assert_eq!(
+            b.alive(long),
+            vec![
+                ("a:1".to_string(), NodeState::Loading, Some(loading)),
+                (
+                    "b:2".to_string(),
+                    NodeState::Ready,
+                    Some(NodeWork::default())
+                )
+            ]
+        );
         b.loaded("a:1");
         assert_eq!(
             b.state("a:1", long),

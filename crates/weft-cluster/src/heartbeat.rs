@@ -175,7 +175,7 @@ where
                         *g = Some(why);
                     }
                     // A link this side closed (dropped) says nothing of the peer.
-                    if !stop.load(Ordering::Relaxed) {
+                    if !stop.load(Ordering::SeqCst) {
                         on_end();
                     }
                 })
@@ -283,7 +283,7 @@ where
 
 impl<In, Out> Drop for ControlLink<In, Out> {
     fn drop(&mut self) {
-        self.stop.store(true, Ordering::Relaxed);
+        self.stop.store(true, Ordering::SeqCst);
         let _ = self.closer.shutdown(Shutdown::Both);
         for t in self.threads.drain(..) {
             t.thread().unpark();

@@ -116,7 +116,7 @@ impl EngineHandle {
                         batcher.run(rx)
                     }
                     Err(e) => {
-                        tracing::error!("{e}");
+                        // The caller reports it (`wait_ready`, /health).
                         if let Ok(mut s) = dead.lock() {
                             *s = Some(e);
                         }
@@ -180,6 +180,10 @@ impl EngineHandle {
         let (tx, rx) = unbounded_channel();
         let mut job = Job::new(req, Box::new(ChannelSink(tx)));
         job.constraint = rule;
+        if !self.is_ready() {
+            // The batcher counts its queue once it runs; until then the jobs wait here.
+            self.stats.queued.fetch_add(1, Ordering::Relaxed);
+        }
         self.jobs
             .send(job)
             .map_err(|_| ApiError::unavailable("the inference engine has stopped"))?;

@@ -23,6 +23,6 @@ pub mod turn;
 pub use engine::EngineHandle;
 pub use error::ApiError;
 pub use listen::{fit_connections, Limits};
-pub use server::{router, serve};
+pub use server::{router, serve, shutdown_signal};
 pub use state::{AppState, ClusterView, DEFAULT_MAX_TOKENS};
 pub use template::ChatTemplate;

@@ -261,7 +261,11 @@ pub async fn generate(
         .check(req.stream.unwrap_or(true))?;
     let prompt = req.prompt.unwrap_or_default();
     if prompt.is_empty() {
-        // An empty prompt loads the model: it is loaded.
+        // An empty prompt loads the model: it is loaded once the cluster has formed.
+        st.engine
+            .wait_ready()
+            .await
+            .map_err(ApiError::unavailable)?;
         return Ok(Json(
             json!({"model": st.model_id, "created_at": now(), "response": "",
                               "done": true, "done_reason": "load"}),
@@ -381,6 +385,10 @@ pub async fn chat(
         .unwrap_or(&Options::default())
         .check(req.stream.unwrap_or(true))?;
     if req.messages.is_empty() {
+        st.engine
+            .wait_ready()
+            .await
+            .map_err(ApiError::unavailable)?;
         return Ok(Json(json!({"model": st.model_id, "created_at": now(),
                               "message": {"role": "assistant", "content": ""},
                               "done": true, "done_reason": "load"}))

@@ -95,7 +95,7 @@ pub async fn serve(
 const STOPPED_GRACE: Duration = Duration::from_secs(2);
 
 /// Ctrl-C or SIGTERM: stop accepting, finish open responses, then return.
-async fn shutdown_signal() {
+pub async fn shutdown_signal() {
     #[cfg(unix)]
     {
         use tokio::signal::unix::{signal, SignalKind};

@@ -53,9 +53,7 @@ pub fn open(
     slots: usize,
     watch: Option<Watch>,
 ) -> Result<Opened> {
-    if l.nodes.is_some() && !l.peers.is_empty() {
-        bail!("give either --nodes (local) or --peers (running nodes), not both");
-    }
+    check_nodes(l)?;
     // A weak --peers secret is refused before the model is read or anything started.
     let given = if l.peers.is_empty() {
         None
@@ -71,9 +69,6 @@ pub fn open(
         .unwrap_or(1);
     let (local, peers, secret) = match (l.nodes, given) {
         (Some(n), _) => {
-            if n == 0 {
-                bail!("--nodes must be at least 1");
-            }
             let secret = weft_comm::secret::random_secret();
             let threads = if l.pin {
                 1
@@ -91,12 +86,7 @@ pub fn open(
     } else {
         l.node_threads.unwrap_or((cores / peers.len()).max(1))
     };
-    let no_layout_flags = l.tp.is_none()
-        && l.pp.is_none()
-        && l.ep.is_none()
-        && l.layers.is_empty()
-        && l.tp_weights.is_empty()
-        && l.ep_weights.is_empty();
+    let no_layout_flags = !has_layout_flags(l);
     let workload = weft_plan::Workload {
         n_ctx: n_ctx.min(cfg.n_ctx_train).max(1),
         parallel: slots.max(1),
@@ -141,26 +131,10 @@ pub fn open(
                 peers.truncate(needed);
             }
         }
-        let request = LayoutRequest {
-            nodes: peers.len(),
-            tp: l.tp,
-            pp: l.pp,
-            ep: l.ep,
-            n_layer: cfg.n_layer,
-            layer_counts: (!l.layers.is_empty()).then(|| l.layers.clone()),
-            tp_weights: (!l.tp_weights.is_empty()).then(|| l.tp_weights.clone()),
-            ep_weights: (!l.ep_weights.is_empty()).then(|| l.ep_weights.clone()),
-        };
+        let request = flag_request(l, peers.len(), cfg.n_layer);
         (peers, request, None, None)
     };
-    let layout = Layout::plan(&request).map_err(|e| anyhow!(e))?;
-    if layout.ep > 1 && cfg.moe.is_none() {
-        bail!(
-            "--ep {}: {} has no routed experts to split",
-            layout.ep,
-            model.display()
-        );
-    }
+    let layout = checked_layout(&request, &cfg, model)?;
     let board = watch.as_ref().map(|w| w.board.clone());
     // A watcher (the dashboard) that asks shows the nodes, their links and the planner's
     // prediction for a layout given by flags too: surveyed as the planner would.
@@ -206,4 +180,74 @@ pub fn open(
         predicted,
         survey,
     })
+}
+
+/// Whether any layout flag is given (none: the planner chooses).
+fn has_layout_flags(l: &LayoutArgs) -> bool {
+    l.tp.is_some()
+        || l.pp.is_some()
+        || l.ep.is_some()
+        || !l.layers.is_empty()
+        || !l.tp_weights.is_empty()
+        || !l.ep_weights.is_empty()
+}
+
+/// The layout the flags ask of `nodes` nodes.
+fn flag_request(l: &LayoutArgs, nodes: usize, n_layer: usize) -> LayoutRequest {
+    LayoutRequest {
+        nodes,
+        tp: l.tp,
+        pp: l.pp,
+        ep: l.ep,
+        n_layer,
+        layer_counts: (!l.layers.is_empty()).then(|| l.layers.clone()),
+        tp_weights: (!l.tp_weights.is_empty()).then(|| l.tp_weights.clone()),
+        ep_weights: (!l.ep_weights.is_empty()).then(|| l.ep_weights.clone()),
+    }
+}
+
+/// `request` made into a layout, refused if it splits experts a model does not have.
+fn checked_layout(request: &LayoutRequest, cfg: &ModelConfig, model: &Path) -> Result<Layout> {
+    let layout = Layout::plan(request).map_err(|e| anyhow!(e))?;
+    if layout.ep > 1 && cfg.moe.is_none() {
+        bail!(
+            "--ep {}: {} has no routed experts to split",
+            layout.ep,
+            model.display()
+        );
+    }
+    Ok(layout)
+}
+
+/// Both or neither of --nodes and --peers, or --nodes 0.
+fn check_nodes(l: &LayoutArgs) -> Result<()> {
+    if l.nodes.is_some() && !l.peers.is_empty() {
+        bail!("give either --nodes (local) or --peers (running nodes), not both");
+    }
+    match (l.nodes, l.peers.is_empty()) {
+        (Some(0), _) => bail!("--nodes must be at least 1"),
+        (None, true) => bail!("no nodes: give --nodes N or --peers A,B"),
+        _ => Ok(()),
+    }
+}
+
+/// The flags' own errors, found before anything starts (what `open` would refuse first):
+/// the node flags, a weak `--peers` secret, a layout the flags give that cannot be made
+/// of the nodes (or splits experts the model lacks). `weft serve` checks them before it
+/// answers, as the cluster then forms behind it.
+pub fn check_flags(l: &LayoutArgs, cfg: &ModelConfig, model: &Path) -> Result<()> {
+    check_nodes(l)?;
+    if !l.peers.is_empty() {
+        secret_from(&l.secret)?;
+    }
+    if has_layout_flags(l) {
+        let mut nodes = l.nodes.unwrap_or(l.peers.len());
+        if let Some(needed) = l.full_shape_nodes() {
+            if needed > 0 && needed < nodes {
+                nodes = needed;
+            }
+        }
+        checked_layout(&flag_request(l, nodes, cfg.n_layer), cfg, model)?;
+    }
+    Ok(())
 }

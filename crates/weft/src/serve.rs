@@ -140,7 +140,7 @@ pub fn run(a: ServeArgs) -> Result<()> {
     let state = Arc::new(state);
     // The server answers at once; a cluster may still be forming (its nodes loading
     // their shards, shown on the dashboard). "listening on" says it is ready to serve.
-    let mut server = runtime.spawn(weft_server::serve(listener, state.clone(), limits));
+    let server = runtime.spawn(weft_server::serve(listener, state.clone(), limits));
     if !state.engine.is_ready() {
         eprintln!("weft serve: the cluster is forming; http://{addr}/ shows its nodes loading");
     }
@@ -148,12 +148,22 @@ pub fn run(a: ServeArgs) -> Result<()> {
     let formed = runtime.block_on(async {
         tokio::select! {
             r = state.engine.wait_ready() => Some(r),
-            _ = &mut server => None,
+            _ = weft_server::shutdown_signal() => None,
         }
     });
     match formed {
-        Some(r) => r.map_err(|why| anyhow!("{why}"))?,
-        None => bail!("stopped before the cluster had formed"),
+        Some(Ok(())) => {}
+        Some(Err(why)) => {
+            // The server answers the requests that waited (the engine has stopped) and
+            // closes, then the process ends with the reason.
+            let _ = runtime.block_on(server);
+            bail!("{why}");
+        }
+        None => {
+            // Nothing was served yet: no request to finish, so no grace to wait out.
+            eprintln!("weft serve: stopped before the cluster had formed");
+            return Ok(());
+        }
     }
     outln!("listening on http://{addr}")?;
     std::io::stdout().flush()?;

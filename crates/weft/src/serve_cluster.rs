@@ -21,11 +21,11 @@ use weft_server::{ChatTemplate, ClusterView, EngineHandle};
 use weft_tokenizer::Tokenizer;
 
 use crate::chat_template::chat_template;
-use crate::cluster_open::{open, Opened, Watch};
+use crate::cluster_open::{check_flags, open, Opened, Watch};
 use crate::cluster_secret::secret_from;
 use crate::layout_args::LayoutArgs;
 use crate::serve_args::ServeArgs;
-use weft_cluster::activity::ActivityBoard;
+use weft_cluster::activity::{ActivityBoard, NodeState};
 use weft_cluster::survey::Survey;
 use weft_model::ModelConfig;
 
@@ -58,7 +58,8 @@ impl ClusterView for ClusterInfo {
             .lock()
             .map(|v| v.clone())
             .unwrap_or(Value::Null);
-        if v.is_null() {
+        let forming = v.is_null();
+        if forming {
             // Not formed yet: the nodes are being surveyed or are loading their shards.
             v = json!({"mode": "cluster", "forming": true, "nodes": []});
         }
@@ -73,11 +74,13 @@ impl ClusterView for ClusterInfo {
                     n["work"] = json!(w);
                 }
             }
-            // Nodes loading a shard for a cluster still forming (at start, or again
-            // after a lost node) appear beside the ones it had.
-            for (addr, work) in self.board.loading(LOST_AFTER) {
-                if !nodes.iter().any(|n| n["address"] == addr.as_str()) {
-                    nodes.push(json!({"address": addr, "state": "loading", "work": work}));
+            // The nodes of a cluster still forming: at start every one heard (surveyed,
+            // loading, or loaded and waiting for the others); when it forms again after
+            // a lost node, the ones loading, beside the nodes it had.
+            for (addr, state, work) in self.board.alive(LOST_AFTER) {
+                let listed = nodes.iter().any(|n| n["address"] == addr.as_str());
+                if !listed && (forming || state == NodeState::Loading) {
+                    nodes.push(json!({"address": addr, "state": state.as_str(), "work": work}));
                 }
             }
         }
@@ -322,6 +325,8 @@ impl Former for ServeFormer {
 pub fn start(a: &ServeArgs, path: &Path, opts: BatchOptions) -> Result<Started> {
     let file = GgufFile::open(path).with_context(|| format!("opening {}", path.display()))?;
     let cfg = ModelConfig::from_gguf(&file)?;
+    // What the flags get wrong is said before the server answers.
+    check_flags(&a.layout, &cfg, path)?;
     let tokenizer = Arc::new(weft_model::vocab::tokenizer_from_gguf(&file)?);
     let template = chat_template(&file, &tokenizer)?;
     if !(a.resume_wait.is_finite() && a.resume_wait >= 0.0) {
@@ -372,6 +377,11 @@ pub fn start(a: &ServeArgs, path: &Path, opts: BatchOptions) -> Result<Started> 
         Ok(Resuming::new(first, former, resume).with_events(kept))
     };
     let n_ctx = a.ctx.min(cfg.n_ctx_train).max(1);
+    // As the batcher will clamp it: a cluster's steps carry at most a micro-batch.
+    let opts = BatchOptions {
+        prefill_chunk: opts.prefill_chunk.clamp(1, weft_model::DEFAULT_UBATCH),
+        ..opts
+    };
     let handle = EngineHandle::start_deferred(build, tokenizer.clone(), opts, n_ctx)
         .context("starting the batcher thread")?;
     Ok((
