@@ -30,6 +30,9 @@ pub struct Watch {
 /// A running cluster and what a coordinator needs beside it.
 pub struct Opened {
     pub cluster: Cluster,
+    /// The model file and its configuration, as read to plan it.
+    pub file: Arc<GgufFile>,
+    pub cfg: ModelConfig,
     pub tokenizer: Tokenizer,
     pub n_vocab: usize,
     pub peers: Vec<String>,
@@ -179,6 +182,8 @@ pub fn open(
         planned,
         predicted,
         survey,
+        file,
+        cfg,
     })
 }
 

@@ -88,22 +88,19 @@ impl ClusterView for ClusterInfo {
     }
 }
 
-/// The nodes, shards and links of `cluster`, as `/v1/cluster` shows them: with the
-/// survey, each node's machine and the measured links; with the model, what of it each
-/// node holds.
+/// The nodes, shards and links of `cluster`, as `/v1/cluster` shows them: what of the
+/// model each node holds, and with the survey, each node's machine and the measured links.
 fn describe(
     cluster: &Cluster,
     survey: Option<&Survey>,
-    model: Option<(&GgufFile, &ModelConfig)>,
+    (file, cfg): (&GgufFile, &ModelConfig),
 ) -> Value {
     let layout = cluster.layout();
     let share_total: f64 = layout.tp_weights.iter().sum();
-    let shards = model.and_then(|(f, cfg)| {
-        layout
-            .node_shards(f, cfg)
-            .map_err(|e| tracing::warn!("describing the shards: {e}"))
-            .ok()
-    });
+    let shards = layout
+        .node_shards(file, cfg)
+        .map_err(|e| tracing::warn!("describing the shards: {e}"))
+        .ok();
     let surveyed = |addr: &str| survey.and_then(|s| s.peers.iter().position(|p| p == addr));
     let nodes: Vec<Value> = cluster
         .nodes()
@@ -125,7 +122,7 @@ fn describe(
             if let (Some(s), Some(k)) = (survey, surveyed(&addr)) {
                 n["host"] = s.nodes[k].machine();
             }
-            if let (Some(sh), Some((_, cfg))) = (shards.as_ref().and_then(|v| v.get(i)), model) {
+            if let Some(sh) = shards.as_ref().and_then(|v| v.get(i)) {
                 let r = |x: &std::ops::Range<usize>| json!([x.start, x.end]);
                 n["holds"] = json!({
                     "heads": r(&sh.heads), "kv_heads": r(&sh.kv_heads(cfg)),
@@ -216,21 +213,16 @@ impl ServeFormer {
             planned,
             predicted,
             survey,
+            file,
+            cfg,
             ..
         } = opened;
         if survey.is_some() {
-            self.last_survey = survey.clone();
+            self.last_survey = survey;
         }
-        let survey = survey.or_else(|| self.last_survey.clone());
-        let model = GgufFile::open(&self.path)
-            .ok()
-            .and_then(|f| ModelConfig::from_gguf(&f).ok().map(|c| (f, c)));
+        let survey = self.last_survey.as_ref();
         if let Ok(mut d) = self.described.lock() {
-            *d = describe(
-                &cluster,
-                survey.as_ref(),
-                model.as_ref().map(|(f, c)| (f, c)),
-            );
+            *d = describe(&cluster, survey, (&file, &cfg));
             // What the planner chose (or predicts for the layout the flags gave) and the
             // measurements it worked from.
             let chosen = planned.is_some();
