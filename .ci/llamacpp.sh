@@ -27,7 +27,12 @@ bin=$cache/build/bin
 flags=(-DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON -DBUILD_SHARED_LIBS=OFF -DLLAMA_CURL=OFF
   -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_SERVER=ON -DLLAMA_BUILD_TOOLS=ON -DLLAMA_BUILD_TESTS=OFF
   -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_APP=OFF -DLLAMA_BUILD_UI=OFF
-  -DLLAMA_USE_PREBUILT_UI=OFF)
+  -DLLAMA_USE_PREBUILT_UI=OFF
+  # Without AMX: on Sapphire Rapids VMs here llama.cpp 0.3.36's AMX matmul loads a tile
+  # configuration whose reserved bytes are not zeroed and dies of SIGILL on the first prompt.
+  # Built without it, llama.cpp runs its AVX-512 VNNI kernels, which weft is compared with.
+  "-DCMAKE_C_FLAGS=-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
+  "-DCMAKE_CXX_FLAGS=-mno-amx-tile -mno-amx-int8 -mno-amx-bf16")
 # What the cached binaries were built from: a build with another stamp is redone.
 stamp="llama_cpp_python $version ${flags[*]} ${bins[*]}"
 if has_bins "$bin" && [ "$(cat "$cache/stamp" 2>/dev/null)" = "$stamp" ]; then

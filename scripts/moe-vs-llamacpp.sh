@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Side by side in one run: weft against llama.cpp on a synthetic 1 B qwen3moe (64 experts,
-# 8 active) at Q4_K_M, 1 and 2 threads, alternating for ROUNDS rounds; then EP=2 and TP=2
-# on two pinned 1-core nodes against one. Prints the CPU model first: quote it with the
+# 8 active) at Q4_K_M, 1 and 2 threads, alternating for ROUNDS rounds; then EP=2 (plain and
+# with 4 spare experts a group) and TP=2 on two pinned 1-core nodes against one. Prints the CPU model first: quote it with the
 # figures. Needs llama.cpp's tools (WEFT_LLAMACPP_DIR, or .ci/llamacpp.sh builds them).
 # Usage: scripts/moe-vs-llamacpp.sh [DIR] [ROUNDS]   (DIR keeps the 2 GB F16 and 0.6 GB model)
 set -euo pipefail
@@ -37,5 +37,5 @@ print(f'weft MoE: {m[\"active_params\"]/1e9:.3f} B of {m[\"total_params\"]/1e9:.
       f'{m[\"active_bytes_per_token\"]/1e6:.1f} MB active, {m[\"total_bytes\"]/1e6:.1f} MB total')"
   done
 done
-echo "== EP=2 and TP=2 on two pinned 1-core nodes against one pinned 1-core node"
-$W bench --model "$M" --compare 1,ep2,tp2 --pin -p 64 -n 32 -r 3
+echo "== EP=2, EP=2 with 4 spares a group and TP=2 on two pinned 1-core nodes against one pinned 1-core node"
+$W bench --model "$M" --compare 1,ep2,ep2s4,tp2 --pin -p 64 -n 32 -r 3

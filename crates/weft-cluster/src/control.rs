@@ -27,6 +27,9 @@ pub struct NodePlan {
     /// Relative expert shares of the stage's expert groups (`[1.0]`: no EP).
     #[serde(default = "no_expert_split")]
     pub ep_weights: Vec<f64>,
+    /// Spare experts each expert group holds beyond its share (0: none).
+    #[serde(default)]
+    pub ep_spares: usize,
     pub threads: usize,
     pub n_ctx: usize,
     pub ubatch: usize,

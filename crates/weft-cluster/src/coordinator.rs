@@ -177,6 +177,7 @@ impl Cluster {
                 tp_rank: i % layout.width(),
                 tp_weights: layout.tp_weights.clone(),
                 ep_weights: layout.ep_weights.clone(),
+                ep_spares: layout.ep_spares,
                 threads: opts.threads_per_node,
                 n_ctx: opts.n_ctx,
                 ubatch: opts.ubatch,

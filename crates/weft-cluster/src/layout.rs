@@ -17,6 +17,8 @@ pub struct LayoutRequest {
     pub layer_counts: Option<Vec<usize>>,
     pub tp_weights: Option<Vec<f64>>,
     pub ep_weights: Option<Vec<f64>>,
+    /// Spare experts each expert group also holds (`--ep-spares`; 0: none).
+    pub ep_spares: usize,
 }
 
 /// Stages of `tp × ep` ranks; node i (0-based) is stage i / (tp·ep), position i % (tp·ep)
@@ -33,6 +35,9 @@ pub struct Layout {
     pub tp_weights: Vec<f64>,
     /// Relative share of the experts of each expert group (same for every stage).
     pub ep_weights: Vec<f64>,
+    /// Experts each group holds beyond its share, from its neighbours (redundant
+    /// experts: a choice two groups can compute goes to the less busy one).
+    pub ep_spares: usize,
 }
 
 impl Layout {
@@ -47,6 +52,7 @@ impl Layout {
         let split = weft_model::StageSplit {
             tp_weights: self.tp_weights.clone(),
             ep_weights: self.ep_weights.clone(),
+            ep_spares: self.ep_spares,
         };
         (0..self.nodes())
             .map(|i| {
@@ -78,6 +84,7 @@ impl Layout {
             layer_counts: layer_counts.map(<[usize]>::to_vec),
             tp_weights: tp_weights.map(<[f64]>::to_vec),
             ep_weights: None,
+            ep_spares: 0,
         })
     }
 
@@ -94,6 +101,12 @@ impl Layout {
         };
         if ep == 0 {
             return Err("--ep must be at least 1".into());
+        }
+        if r.ep_spares > 0 && ep == 1 {
+            return Err(format!(
+                "--ep-spares {} needs expert parallelism (--ep 2 or more)",
+                r.ep_spares
+            ));
         }
         let (tp, pp) = match (r.tp, r.pp) {
             (Some(t), Some(p)) => (t, p),
@@ -148,6 +161,7 @@ impl Layout {
             layers,
             tp_weights: weights("--tp-weights", &r.tp_weights, tp)?,
             ep_weights: weights("--ep-weights", &r.ep_weights, ep)?,
+            ep_spares: r.ep_spares,
         })
     }
 
@@ -189,6 +203,8 @@ impl Layout {
         }
         if parts.is_empty() {
             "1 node".into()
+        } else if self.ep > 1 && self.ep_spares > 0 {
+            format!("{} +{} spare experts", parts.join(" x "), self.ep_spares)
         } else {
             parts.join(" x ")
         }
@@ -245,5 +261,15 @@ mod tests {
         assert!(e.contains("--tp 2 x --ep 2 x --pp"), "{e}");
         let e = Layout::plan(&req(2, None, None, Some(2), Some(vec![1.0]))).unwrap_err();
         assert!(e.contains("--ep-weights"), "{e}");
+        // Spares ride along with expert groups, and are refused without them.
+        let spared = |nodes, ep| LayoutRequest {
+            ep_spares: 4,
+            ..req(nodes, None, None, ep, None)
+        };
+        let l = Layout::plan(&spared(2, Some(2))).unwrap();
+        assert_eq!((l.ep, l.ep_spares), (2, 4));
+        assert_eq!(l.name(), "EP=2 +4 spare experts");
+        let e = Layout::plan(&spared(2, None)).unwrap_err();
+        assert!(e.contains("--ep-spares 4 needs expert parallelism"), "{e}");
     }
 }

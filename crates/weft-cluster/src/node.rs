@@ -373,7 +373,7 @@ fn session(
         "{}|{}|{:?}|{}|{:?}|{}|{}|{}",
         path.display(),
         plan.tp_rank,
-        (&plan.tp_weights, &plan.ep_weights),
+        (&plan.tp_weights, &plan.ep_weights, plan.ep_spares),
         threads,
         plan.layers,
         plan.n_ctx,
@@ -522,6 +522,7 @@ fn load(
     let split = StageSplit {
         tp_weights: plan.tp_weights.clone(),
         ep_weights: plan.ep_weights.clone(),
+        ep_spares: plan.ep_spares,
     };
     let shard = ShardSpec::stage(&cfg, gran, plan.tp_rank, &split)
         .map_err(|e| e.to_string())?

@@ -266,7 +266,8 @@ impl Model {
         let top_k = cfg.moe.map_or(0, |m| m.n_expert_used);
         let moe = cfg.moe.map(|m| {
             let held = shard.experts.len();
-            MoeScratch::new(ubatch, e, m, held, shard.expert_ffn.len())
+            let groups = shard.expert_groups.len();
+            MoeScratch::new(ubatch, e, m, (held, groups), shard.expert_ffn.len())
         });
         let ws = Workspace {
             x: vec![0.0; ubatch * e],

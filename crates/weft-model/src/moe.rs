@@ -1,8 +1,11 @@
 //! Routed experts (qwen3moe's sparse FFN): a pure router that every rank runs alike, the
 //! experts of this rank's tile, and a forward that reads only the experts tokens are
 //! routed to: decode reads the k chosen experts, prefill groups the step's tokens by
-//! expert so each expert's weights are read once per step.
+//! expert so each expert's weights are read once per step. Where expert groups hold
+//! spares (the same expert on two groups), each step gives every routed choice to one
+//! holder, the least busy, so the stage waits less for its busiest group.
 
+use std::ops::Range;
 use std::sync::Arc;
 
 use weft_gguf::GgufFile;
@@ -127,6 +130,11 @@ pub(crate) struct MoeFfn {
     /// Global id of `experts[0]`.
     first: usize,
     experts: Vec<Expert>,
+    /// The experts each group of the stage holds, and this rank's group; `shared` when
+    /// any two overlap (spares), so that choices must be given out each step.
+    groups: Vec<Range<usize>>,
+    group: usize,
+    shared: bool,
     /// Columns of each held expert's FFN.
     pub n_ff_local: usize,
     gelu: bool,
@@ -179,10 +187,19 @@ impl MoeFfn {
                 })
             })
             .collect::<Result<Vec<_>, ModelError>>()?;
+        let groups = shard.expert_groups.clone();
+        let shared = groups.iter().enumerate().any(|(i, a)| {
+            groups[i + 1..]
+                .iter()
+                .any(|b| a.start < b.end && b.start < a.end)
+        });
         Ok(MoeFfn {
             router,
             first: shard.experts.start,
             experts,
+            groups,
+            group: shard.expert_group,
+            shared,
             n_ff_local: cols.len(),
             gelu: cfg.gelu,
         })
@@ -203,9 +220,14 @@ impl MoeFfn {
     }
 
     /// Expected expert bytes read per decoded token: the held experts' share of the k a
-    /// token is routed to (uniform routing).
+    /// token is routed to (uniform routing), a spare counted as its holders' share.
     pub fn expected_expert_bytes(&self) -> usize {
-        self.expert_bytes() * self.router.top_k / self.router.n_expert
+        let held = self.first..self.first + self.experts.len();
+        let share: f64 = held
+            .map(|x| 1.0 / self.groups.iter().filter(|g| g.contains(&x)).count().max(1) as f64)
+            .sum();
+        let per_expert = self.expert_bytes() as f64 / self.experts.len().max(1) as f64;
+        (per_expert * share * self.router.top_k as f64 / self.router.n_expert as f64) as usize
     }
 
     /// Expected bytes read per decoded token: the router and the expected experts.
@@ -225,6 +247,8 @@ pub(crate) struct MoeScratch {
     weights: Vec<f32>,
     /// Per held expert: where its (row, weight) entries start in `order`.
     starts: Vec<usize>,
+    /// Choices given to each expert group so far in this step (spares).
+    loads: Vec<u32>,
     order: Vec<(u32, f32)>,
     /// Inputs gathered for one expert, and its gate, up and down outputs.
     xe: Vec<f32>,
@@ -237,12 +261,12 @@ pub(crate) struct MoeScratch {
 
 impl MoeScratch {
     /// Room for `ubatch` rows through layers shaped like `moe` (and `held` experts of
-    /// `n_ff_local` columns each).
+    /// `n_ff_local` columns each, in a stage of `groups` expert groups).
     pub fn new(
         ubatch: usize,
         n_embd: usize,
         moe: MoeConfig,
-        held: usize,
+        (held, groups): (usize, usize),
         n_ff_local: usize,
     ) -> Self {
         let k = moe.n_expert_used;
@@ -253,6 +277,7 @@ impl MoeScratch {
             ids: vec![0; ubatch * k],
             weights: vec![0.0; ubatch * k],
             starts: vec![0; held + 1],
+            loads: vec![0; groups],
             order: vec![(0, 0.0); ubatch * k],
             xe: vec![0.0; rows * n_embd],
             g: vec![0.0; rows * n_ff_local],
@@ -298,6 +323,9 @@ impl MoeFfn {
                 &mut s.weights[t * k..(t + 1) * k],
             );
         }
+        if self.shared {
+            self.keep_assigned(s, m);
+        }
         self.group_by_expert(s, m);
         o[..m * e].fill(0.0);
         if m == 1 {
@@ -336,6 +364,52 @@ impl MoeFfn {
                 dst.iter_mut().zip(src).for_each(|(d, v)| *d += w * v);
             }
             s.bytes_read += x.n_bytes() as u64;
+        }
+    }
+
+    /// Gives each of the step's (row, expert) choices to one group holding the expert and
+    /// drops from `s.ids` those of other groups. Experts one group holds go to it; each
+    /// choice of a spare then goes to its least loaded holder (ties: the lower group), so
+    /// at decode the busiest group computes as few experts as the spares allow. Every
+    /// rank routes alike, so every rank gives out alike and each choice runs once.
+    fn keep_assigned(&self, s: &mut MoeScratch, m: usize) {
+        const DROPPED: u32 = u32::MAX;
+        let k = self.router.top_k;
+        let holders = |id: usize| {
+            let first = self.groups.iter().position(|g| g.contains(&id));
+            let n = first.map_or(0, |f| {
+                self.groups[f..]
+                    .iter()
+                    .take_while(|g| g.contains(&id))
+                    .count()
+            });
+            (first.unwrap_or(0), n)
+        };
+        s.loads.fill(0);
+        for &id in &s.ids[..m * k] {
+            if let (g, 1) = holders(id as usize) {
+                s.loads[g] += 1;
+            }
+        }
+        for id in &mut s.ids[..m * k] {
+            let (first, n) = holders(*id as usize);
+            let to = match n {
+                0 => continue,
+                1 => first,
+                _ => {
+                    let mut best = first;
+                    for g in first + 1..first + n {
+                        if s.loads[g] < s.loads[best] {
+                            best = g;
+                        }
+                    }
+                    s.loads[best] += 1;
+                    best
+                }
+            };
+            if to != self.group {
+                *id = DROPPED;
+            }
         }
     }
 

@@ -11,7 +11,8 @@ use crate::error::ModelError;
 ///
 /// A stage's ranks all sum their partial outputs in one all-reduce after attention and
 /// one after the FFN, so the invariant is: every head, FFN column, vocabulary row and
-/// (expert, expert column) cell belongs to exactly one rank of the stage.
+/// (expert, expert column) cell belongs to exactly one rank of the stage (or, for a spare
+/// expert held by several groups, is computed by exactly one of them at each step).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ShardSpec {
     /// This rank's position in its stage, and the stage's size (attention and dense FFNs
@@ -26,8 +27,14 @@ pub struct ShardSpec {
     pub ffn: Range<usize>,
     /// Output-head (vocabulary) rows of this rank.
     pub vocab: Range<usize>,
-    /// Routed experts whose weights this rank holds (expert parallelism; MoE models).
+    /// Routed experts whose weights this rank holds (expert parallelism; MoE models):
+    /// its group's own share, widened by any spares (`StageSplit::ep_spares`).
     pub experts: Range<usize>,
+    /// The experts each expert group of the stage holds, this rank's group at
+    /// `expert_group`. Ranges overlap where groups hold spares; a routed expert several
+    /// groups hold is computed by one of them, chosen alike on every rank (moe.rs).
+    pub expert_groups: Vec<Range<usize>>,
+    pub expert_group: usize,
     /// Columns of each held expert's FFN (tensor parallelism inside the experts).
     pub expert_ffn: Range<usize>,
 }
@@ -40,6 +47,10 @@ pub struct StageSplit {
     pub tp_weights: Vec<f64>,
     /// Relative share of the experts held by each expert group (e.g. by memory).
     pub ep_weights: Vec<f64>,
+    /// Experts each group holds beyond its share, taken from its neighbours' ranges
+    /// (redundant experts, as DeepSeek's EPLB keeps): a token's routed experts that two
+    /// groups hold go to the less busy one, so the busiest group waits less.
+    pub ep_spares: usize,
 }
 
 impl StageSplit {
@@ -48,6 +59,7 @@ impl StageSplit {
         StageSplit {
             tp_weights: tp_weights.to_vec(),
             ep_weights: vec![1.0],
+            ep_spares: 0,
         }
     }
 
@@ -86,6 +98,8 @@ impl ShardSpec {
             ffn: 0..cfg.n_ff,
             vocab: 0..cfg.n_vocab,
             experts: 0..cfg.moe.map_or(0, |m| m.n_expert),
+            expert_groups: std::iter::once(0..cfg.moe.map_or(0, |m| m.n_expert)).collect(),
+            expert_group: 0,
             expert_ffn: 0..cfg.moe.map_or(0, |m| m.n_ff_exp),
         }
     }
@@ -130,16 +144,21 @@ impl ShardSpec {
         let vocab = split_proportional(cfg.n_vocab, 1, &weights)
             .map_err(|e| ModelError::Shard(format!("vocabulary rows: {e}")))?;
         let tp = split.tp_weights.len();
-        let (experts, expert_ffn) = match cfg.moe {
+        let (expert_groups, expert_ffn) = match cfg.moe {
             None if split.ep_weights.len() > 1 => {
                 return Err(ModelError::Shard(
                     "expert parallelism needs a model with experts".into(),
                 ))
             }
-            None => (0..0, 0..0),
+            None => (std::iter::once(0..0).collect(), 0..0),
             Some(m) => {
-                let experts = split_proportional(m.n_expert, 1, &split.ep_weights)
+                let own = split_proportional(m.n_expert, 1, &split.ep_weights)
                     .map_err(|e| ModelError::Shard(format!("experts ({}): {e}", m.n_expert)))?;
+                let groups = if own.len() > 1 {
+                    widen(&own, split.ep_spares, m.n_expert)
+                } else {
+                    own
+                };
                 let cols = split_proportional(m.n_ff_exp, gran.expert_ffn, &split.tp_weights)
                     .map_err(|e| {
                         ModelError::Shard(format!(
@@ -147,7 +166,7 @@ impl ShardSpec {
                             m.n_ff_exp, gran.expert_ffn
                         ))
                     })?;
-                (experts[pos / tp].clone(), cols[pos % tp].clone())
+                (groups, cols[pos % tp].clone())
             }
         };
         Ok(ShardSpec {
@@ -157,7 +176,9 @@ impl ShardSpec {
             heads: heads[pos].clone(),
             ffn: ffn[pos].clone(),
             vocab: vocab[pos].clone(),
-            experts,
+            experts: expert_groups[pos / tp].clone(),
+            expert_group: pos / tp,
+            expert_groups,
             expert_ffn,
         })
     }
@@ -182,6 +203,19 @@ impl ShardSpec {
     pub fn is_last_stage(&self, cfg: &ModelConfig) -> bool {
         self.layers.end == cfg.n_layer
     }
+}
+
+/// Each group's own experts widened by `spares` of its neighbours', half on each side where
+/// there is room (all on one side at the ends), within `0..n`: ranges stay contiguous and
+/// each still contains its own share.
+fn widen(own: &[Range<usize>], spares: usize, n: usize) -> Vec<Range<usize>> {
+    own.iter()
+        .map(|r| {
+            let len = (r.len() + spares).min(n);
+            let start = r.start.saturating_sub(spares / 2).min(n - len);
+            start..start + len
+        })
+        .collect()
 }
 
 /// Splits `0..n` into `weights.len()` contiguous ranges whose sizes are multiples of
@@ -272,5 +306,24 @@ mod tests {
         assert!(split_proportional(10, 4, &[1.0]).is_err());
         let r = split_proportional(8, 1, &[100.0, 1.0]).unwrap();
         assert_eq!(r, vec![0..7, 7..8]);
+    }
+
+    #[test]
+    fn spares_widen_each_group_into_its_neighbours() {
+        let own = split_proportional(64, 1, &[1.0, 1.0]).unwrap();
+        assert_eq!(widen(&own, 4, 64), vec![0..36, 28..64]);
+        assert_eq!(widen(&own, 0, 64), own);
+        // Uneven, three groups: the middle one takes half from each side.
+        let own = split_proportional(64, 1, &[2.0, 1.0, 1.0]).unwrap();
+        assert_eq!(own, vec![0..32, 32..48, 48..64]);
+        assert_eq!(widen(&own, 6, 64), vec![0..38, 29..51, 42..64]);
+        // More spares than experts: every group holds everything.
+        assert_eq!(widen(&own, 100, 64), vec![0..64; 3]);
+        for spares in 0..70 {
+            for (o, w) in own.iter().zip(widen(&own, spares, 64)) {
+                assert!(w.start <= o.start && o.end <= w.end && w.end <= 64);
+                assert_eq!(w.len(), (o.len() + spares).min(64));
+            }
+        }
     }
 }

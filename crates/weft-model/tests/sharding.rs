@@ -283,7 +283,8 @@ fn synthetic_models_shard_within_rounding() {
 #[test]
 fn moe_expert_parallel_equals_one_rank() {
     // Experts split evenly (EP=2), unevenly (EP=3 with weights 2:1:1), and EP=2 x TP=2
-    // (each expert's columns split too): every (expert, column) cell on exactly one rank.
+    // (each expert's columns split too): every (expert, column) cell on exactly one rank,
+    // or with spares computed by exactly one of the ranks that hold it.
     let dir = tempfile::tempdir().unwrap();
     let prompt: Vec<u32> = (0..20).map(|i| 4 + (i * 37) % 500).collect();
     let extra = [300u32, 17, 99];
@@ -291,16 +292,23 @@ fn moe_expert_parallel_equals_one_rank() {
         let f = write_synthetic(dir.path(), Arch::Qwen3Moe, ty);
         let base = unsharded(&f, &prompt, &extra);
         let floor = noise_floor(&f, &prompt, &extra);
+        // The last three give each group spare experts (held by two groups, computed by
+        // the less busy one), up to every group holding every expert.
         let splits = [
-            (vec![1.0], vec![1.0, 1.0]),
-            (vec![1.0], vec![2.0, 1.0, 1.0]),
-            (vec![1.0, 1.0], vec![1.0, 1.0]),
+            (vec![1.0], vec![1.0, 1.0], 0),
+            (vec![1.0], vec![2.0, 1.0, 1.0], 0),
+            (vec![1.0, 1.0], vec![1.0, 1.0], 0),
+            (vec![1.0], vec![1.0, 1.0], 2),
+            (vec![1.0], vec![2.0, 1.0, 1.0], 3),
+            (vec![1.0, 1.0], vec![1.0, 1.0], 100),
         ];
-        for (tp_weights, ep_weights) in splits {
-            let what = format!("qwen3moe {ty} TP {tp_weights:?} EP {ep_weights:?}");
+        for (tp_weights, ep_weights, ep_spares) in splits {
+            let what =
+                format!("qwen3moe {ty} TP {tp_weights:?} EP {ep_weights:?} spares {ep_spares}");
             let split = StageSplit {
                 tp_weights,
                 ep_weights,
+                ep_spares,
             };
             let got = stage_parallel(&f, &split, &prompt, &extra);
             assert_within(&what, &base, &got, tolerance_for(floor));

@@ -56,17 +56,28 @@ pub fn plan(m: &ModelProfile, c: &ClusterProfile, w: &Workload) -> Result<Vec<Ca
                 if width > m.n_head {
                     continue;
                 }
+                // With experts split, also each group holding a quarter of its share again
+                // as spares from its neighbours: less waiting on the busiest group at
+                // decode, for that much more memory (ranked if it fits).
+                let mut spares = vec![0];
+                match m.experts {
+                    Some((ne, _)) if ep > 1 && ne / (4 * ep) > 0 => spares.push(ne / (4 * ep)),
+                    _ => {}
+                }
                 for (tp_weights, ep_weights) in share_variants(c, order, tp, ep) {
-                    let mut spec = LayoutSpec {
-                        tp,
-                        ep,
-                        order: order.to_vec(),
-                        layers: vec![0; pp],
-                        tp_weights,
-                        ep_weights,
-                    };
-                    balance_layers(m, c, w, &mut spec);
-                    out.push(evaluate(m, c, w, spec, n));
+                    for &ep_spares in &spares {
+                        let mut spec = LayoutSpec {
+                            tp,
+                            ep,
+                            order: order.to_vec(),
+                            layers: vec![0; pp],
+                            tp_weights: tp_weights.clone(),
+                            ep_weights: ep_weights.clone(),
+                            ep_spares,
+                        };
+                        balance_layers(m, c, w, &mut spec);
+                        out.push(evaluate(m, c, w, spec, n));
+                    }
                 }
             }
         }
@@ -109,6 +120,7 @@ pub fn even_layout(
         layers: vec![0; pp],
         tp_weights: vec![1.0; tp],
         ep_weights: vec![1.0; ep],
+        ep_spares: 0,
     };
     balance_layers(m, c, w, &mut spec);
     Some(evaluate(m, c, w, spec, c.nodes.len()))
@@ -162,6 +174,9 @@ pub fn evaluate(
             .map(|x| format!("{x}"))
             .collect();
         name += &format!(" {}", w.join(":"));
+    }
+    if spec.ep > 1 && spec.ep_spares > 0 {
+        name += &format!(" +{} spare experts", spec.ep_spares);
     }
     if spec.order.len() < nodes {
         name += &format!(" ({} of {nodes} nodes)", spec.order.len());

@@ -20,34 +20,57 @@ struct Config {
     tp: usize,
     pp: usize,
     ep: usize,
+    /// Spare experts per expert group.
+    spares: usize,
     delay_us: f64,
 }
 
-/// "1", "tp2", "pp2", "ep2", or a product such as "ep2xtp2xpp2": (tp, pp, ep).
-fn parse_layout(s: &str) -> Result<(usize, usize, usize)> {
+/// A layout to compare: sizes and spare experts per expert group.
+#[derive(Clone, Copy, Debug, PartialEq)]
+struct Shape {
+    tp: usize,
+    pp: usize,
+    ep: usize,
+    spares: usize,
+}
+
+/// "1", "tp2", "pp2", "ep2", "ep2s4" (EP=2, each group holding 4 spare experts), or a
+/// product such as "ep2xtp2xpp2".
+fn parse_layout(s: &str) -> Result<Shape> {
     let s = s.trim().to_ascii_lowercase();
+    let mut shape = Shape {
+        tp: 1,
+        pp: 1,
+        ep: 1,
+        spares: 0,
+    };
     if s == "1" {
-        return Ok((1, 1, 1));
+        return Ok(shape);
     }
-    let (mut tp, mut pp, mut ep) = (1, 1, 1);
+    let size = |v: &str, part: &str| -> Result<usize> {
+        v.parse()
+            .with_context(|| format!("layout {s:?}: bad size {part:?}"))
+    };
     for part in s.split('x') {
-        let (slot, v) = if let Some(v) = part.strip_prefix("tp") {
-            (&mut tp, v)
+        if let Some(v) = part.strip_prefix("tp") {
+            shape.tp = size(v, part)?;
         } else if let Some(v) = part.strip_prefix("pp") {
-            (&mut pp, v)
+            shape.pp = size(v, part)?;
         } else if let Some(v) = part.strip_prefix("ep") {
-            (&mut ep, v)
+            let (groups, spares) = v.split_once('s').unwrap_or((v, "0"));
+            shape.ep = size(groups, part)?;
+            shape.spares = size(spares, part)?;
         } else {
-            bail!("layout {s:?}: expected 1, tpN, ppN, epN or a product such as ep2xtp2");
-        };
-        *slot = v
-            .parse()
-            .with_context(|| format!("layout {s:?}: bad size {part:?}"))?;
+            bail!("layout {s:?}: expected 1, tpN, ppN, epN[sM] or a product such as ep2xtp2");
+        }
     }
-    if tp == 0 || pp == 0 || ep == 0 {
+    if shape.tp == 0 || shape.pp == 0 || shape.ep == 0 {
         bail!("layout {s:?}: sizes must be positive");
     }
-    Ok((tp, pp, ep))
+    if shape.spares > 0 && shape.ep == 1 {
+        bail!("layout {s:?}: spare experts need EP of 2 or more");
+    }
+    Ok(shape)
 }
 
 fn median(v: &[f64]) -> f64 {
@@ -97,12 +120,17 @@ pub fn run(a: &BenchArgs) -> Result<()> {
     } else {
         a.delays.clone()
     };
-    let layouts: Vec<(usize, usize, usize)> = if a.compare.is_empty() {
+    let layouts: Vec<Shape> = if a.compare.is_empty() {
         let n = a.layout.nodes.unwrap_or(a.layout.peers.len()).max(1);
         let ep = a.layout.ep_groups();
         let pp = a.layout.pp.unwrap_or(1).max(1);
         let tp = a.layout.tp.unwrap_or(n / (pp * ep).max(1)).max(1);
-        vec![(tp, a.layout.pp.unwrap_or(n / (tp * ep).max(1)).max(1), ep)]
+        vec![Shape {
+            tp,
+            pp: a.layout.pp.unwrap_or(n / (tp * ep).max(1)).max(1),
+            ep,
+            spares: a.layout.ep_spares,
+        }]
     } else {
         a.compare
             .iter()
@@ -111,23 +139,27 @@ pub fn run(a: &BenchArgs) -> Result<()> {
     };
     let mut configs = Vec::new();
     for &d in &delays {
-        for &(tp, pp, ep) in &layouts {
+        for &Shape { tp, pp, ep, spares } in &layouts {
             let mut parts = Vec::new();
             for (what, n) in [("EP", ep), ("TP", tp), ("PP", pp)] {
                 if n > 1 {
                     parts.push(format!("{what}={n}"));
                 }
             }
-            let name = if parts.is_empty() {
+            let mut name = if parts.is_empty() {
                 "1 node".to_string()
             } else {
                 parts.join(" x ")
             };
+            if spares > 0 {
+                name += &format!(" +{spares}");
+            }
             configs.push(Config {
                 name,
                 tp,
                 pp,
                 ep,
+                spares,
                 delay_us: d,
             });
         }
@@ -144,6 +176,7 @@ pub fn run(a: &BenchArgs) -> Result<()> {
             tp: Some(c.tp),
             pp: Some(c.pp),
             ep: Some(c.ep),
+            ep_spares: c.spares,
             ep_weights: if c.ep == a.layout.ep_weights.len() {
                 a.layout.ep_weights.clone()
             } else {
@@ -276,4 +309,21 @@ pub fn run(a: &BenchArgs) -> Result<()> {
         )?;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn layouts_to_compare_parse_with_their_spares() {
+        let shape = |tp, pp, ep, spares| Shape { tp, pp, ep, spares };
+        assert_eq!(parse_layout("1").unwrap(), shape(1, 1, 1, 0));
+        assert_eq!(parse_layout("ep2xtp2").unwrap(), shape(2, 1, 2, 0));
+        assert_eq!(parse_layout("EP2s4").unwrap(), shape(1, 1, 2, 4));
+        assert_eq!(parse_layout("ep3s2xpp2").unwrap(), shape(1, 2, 3, 2));
+        for bad in ["tp2s4", "ep1s2", "ep2sx", "ep0", "dp2"] {
+            assert!(parse_layout(bad).is_err(), "{bad}");
+        }
+    }
 }

@@ -71,6 +71,7 @@ pub fn predict_given(
         layers: layout.layers.iter().map(|r| r.len()).collect(),
         tp_weights: layout.tp_weights.clone(),
         ep_weights: layout.ep_weights.clone(),
+        ep_spares: layout.ep_spares,
     };
     evaluate(&model, &cluster, workload, spec, survey.peers.len())
 }

@@ -118,6 +118,7 @@ pub fn open(
             layer_counts: Some(best.layout.layers.clone()),
             tp_weights: Some(best.layout.tp_weights.clone()),
             ep_weights: Some(best.layout.ep_weights.clone()),
+            ep_spares: best.layout.ep_spares,
         };
         (order, request, Some(best), Some(survey))
     } else {
@@ -195,6 +196,7 @@ fn has_layout_flags(l: &LayoutArgs) -> bool {
         || !l.layers.is_empty()
         || !l.tp_weights.is_empty()
         || !l.ep_weights.is_empty()
+        || l.ep_spares > 0
 }
 
 /// The layout the flags ask of `nodes` nodes.
@@ -208,6 +210,7 @@ fn flag_request(l: &LayoutArgs, nodes: usize, n_layer: usize) -> LayoutRequest {
         layer_counts: (!l.layers.is_empty()).then(|| l.layers.clone()),
         tp_weights: (!l.tp_weights.is_empty()).then(|| l.tp_weights.clone()),
         ep_weights: (!l.ep_weights.is_empty()).then(|| l.ep_weights.clone()),
+        ep_spares: l.ep_spares,
     }
 }
 

@@ -36,6 +36,11 @@ pub struct LayoutArgs {
     /// Relative share of the experts of each EP group, comma-separated (e.g. by memory).
     #[arg(long, value_delimiter = ',')]
     pub ep_weights: Vec<f64>,
+    /// Spare experts each EP group also holds, from its neighbours' share (redundant
+    /// experts): a token's expert that two groups hold runs on the less busy one, so the
+    /// busiest group waits less, for that much more memory per node.
+    #[arg(long, default_value_t = 0)]
+    pub ep_spares: usize,
     /// Data-plane transport: auto (shared memory on one host), tcp or shm.
     #[arg(long, default_value = "auto")]
     pub transport: String,

@@ -170,6 +170,7 @@ fn measure(
         layers: spec.layers.clone(),
         tp_weights: spec.tp_weights.clone(),
         ep_weights: spec.ep_weights.clone(),
+        ep_spares: spec.ep_spares,
         link_delay_us: delay,
         ..l.clone()
     };

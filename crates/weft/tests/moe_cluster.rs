@@ -1,5 +1,5 @@
 //! Mixture-of-experts across real node processes: expert parallelism (even, uneven, with
-//! TP inside the experts, inside a pipeline stage) gives the single node's greedy path on
+//! TP inside the experts, inside a pipeline stage, with spare experts) gives the single node's greedy path on
 //! synthetic qwen3moe models, short and long prompts; a per-node memory cap that one node
 //! cannot meet is met by splitting the experts; bad expert metadata is a clear error.
 
@@ -33,12 +33,24 @@ fn write(dir: &Path, name: &str, w: &GgufWriter) -> String {
     p.to_str().unwrap().to_string()
 }
 
-const EP_LAYOUTS: [&[&str]; 5] = [
+const EP_LAYOUTS: [&[&str]; 7] = [
     &["--nodes", "2", "--ep", "2"],
     &["--nodes", "3", "--ep", "3", "--ep-weights", "2,1,1"],
     &["--nodes", "4", "--ep", "2", "--tp", "2"],
     &["--nodes", "4", "--pp", "2", "--ep", "2"],
     &["--nodes", "2", "--tp", "2"],
+    // Spare experts: a choice two groups hold is computed by one of them only.
+    &["--nodes", "2", "--ep", "2", "--ep-spares", "4"],
+    &[
+        "--nodes",
+        "3",
+        "--ep",
+        "3",
+        "--ep-weights",
+        "2,1,1",
+        "--ep-spares",
+        "3",
+    ],
 ];
 
 #[test]
@@ -196,5 +208,32 @@ fn bad_expert_metadata_is_a_clear_error() {
     ]);
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("no routed experts"), "{err}");
+    // Spares without expert groups are refused, naming the flag.
+    let moe = write(
+        dir.path(),
+        "moe-spares.gguf",
+        &synthetic_model(&moe_spec(GgmlType::Q8_0, 3)),
+    );
+    let out = weft(&[
+        "run",
+        "--model",
+        &moe,
+        "--prompt",
+        "hi",
+        "-n",
+        "2",
+        "--nodes",
+        "2",
+        "--tp",
+        "2",
+        "--ep-spares",
+        "2",
+    ]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("--ep-spares 2 needs expert parallelism"),
+        "{err}"
+    );
     let _ = ok_json; // shared helper, used by other files
 }

@@ -168,6 +168,50 @@ fn moe_models_get_expert_parallel_candidates() {
 }
 
 #[test]
+fn spare_experts_are_ranked_when_they_fit() {
+    let mut m = dense(8, 100);
+    for l in &mut m.layers {
+        l.ffn_bytes = 0;
+        l.expert_bytes = 2 * GB;
+    }
+    m.experts = Some((64, 8));
+    let plan_with = |memory_gb: u64| {
+        let nodes = vec![node("a", memory_gb, 50.0), node("b", memory_gb, 50.0)];
+        plan(
+            &m,
+            &ClusterProfile::uniform(nodes, 5.0, 5e9),
+            &small_workload(),
+        )
+        .unwrap()
+    };
+    // Room for a quarter more experts each: 8 spares a group, faster than plain EP=2 (the
+    // busiest group waits less) and holding 8 of 64 more experts' bytes per node.
+    let plans = plan_with(12);
+    let plain = plans.iter().find(|p| p.name == "EP=2").unwrap();
+    let spared = plans
+        .iter()
+        .find(|p| p.name == "EP=2 +8 spare experts")
+        .unwrap();
+    assert!(spared.unfit.is_none(), "{spared:?}");
+    assert!(spared.prediction.decode_tok_s > plain.prediction.decode_tok_s * 1.03);
+    assert!(spared.prediction.bubble_s < plain.prediction.bubble_s);
+    let extra = spared.memory[0] - plain.memory[0];
+    assert!(
+        (extra as f64 / (8.0 * 2e9 * 8.0 / 64.0) - 1.0).abs() < 0.01,
+        "{extra}"
+    );
+    // 9 GB a node: plain EP=2 fits (8 GB of experts each), the spares do not.
+    let plans = plan_with(9);
+    let spared = plans
+        .iter()
+        .find(|p| p.name == "EP=2 +8 spare experts")
+        .unwrap();
+    assert!(spared.unfit.is_some(), "{spared:?}");
+    let plain = plans.iter().find(|p| p.name == "EP=2").unwrap();
+    assert!(plain.unfit.is_none(), "{plain:?}");
+}
+
+#[test]
 fn many_nodes_are_planned() {
     // 256 described nodes in 16 islands of 16: runs through every factorisation.
     let nodes: Vec<_> = (0..256)
