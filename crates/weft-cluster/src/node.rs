@@ -546,11 +546,19 @@ fn load(
         let kv = (model.cache_bytes(plan.n_ctx) * plan.slots.max(1)) as u64;
         if weights + kv > limit {
             return Err(format!(
-                "this node's shard needs {} ({} of weights for layers {a}..{b}, experts {:?}, \
+                "this node's shard needs {} ({} of weights for layers {a}..{b}, experts {:?}{}, \
                  and {} of KV cache), over its --memory-limit of {}",
                 human_bytes((weights + kv) as u128),
                 human_bytes(weights as u128),
                 model.shard.experts,
+                if plan.ep_spares > 0 {
+                    format!(
+                        " with {} spares (fewer --ep-spares need less)",
+                        plan.ep_spares
+                    )
+                } else {
+                    String::new()
+                },
                 human_bytes(kv as u128),
                 human_bytes(limit as u128)
             ));

@@ -27,7 +27,9 @@ use spake2::{Ed25519Group, Identity, Password, Spake2};
 
 pub use crate::secret::random_secret;
 
-pub const PROTOCOL_VERSION: u32 = 2;
+/// 3: a node's plan carries spare experts (`ep_spares`); a node of version 2 would drop
+/// them and compute its whole range, so some expert choices would run twice.
+pub const PROTOCOL_VERSION: u32 = 3;
 const HELLO_MAGIC: &[u8; 8] = b"WEFTHELO";
 /// Magic, version, rank, size. Version 1 put the same four fields first, so a version-1
 /// peer is still told apart by its version rather than taken for garbage.

@@ -808,6 +808,15 @@ fn validate_shard(cfg: &ModelConfig, s: &ShardSpec) -> Result<(), ModelError> {
                 s.experts, s.expert_ffn, m.n_expert, m.n_ff_exp
             ));
         }
+        // Every expert must have a holder, and this rank's group must be what it holds,
+        // or some routed choice would run on no rank.
+        let covered = (0..m.n_expert).all(|x| s.expert_groups.iter().any(|g| g.contains(&x)));
+        if s.expert_groups.get(s.expert_group) != Some(&s.experts) || !covered {
+            return bad(format!(
+                "expert group {} of {:?} does not hold experts {:?}, or leaves one of 0..{} unheld",
+                s.expert_group, s.expert_groups, s.experts, m.n_expert
+            ));
+        }
     }
     if s.vocab.is_empty() || s.vocab.end > cfg.n_vocab {
         return bad(format!(

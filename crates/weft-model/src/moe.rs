@@ -2,10 +2,9 @@
 //! experts of this rank's tile, and a forward that reads only the experts tokens are
 //! routed to: decode reads the k chosen experts, prefill groups the step's tokens by
 //! expert so each expert's weights are read once per step. Where expert groups hold
-//! spares (the same expert on two groups), each step gives every routed choice to one
-//! holder, the least busy, so the stage waits less for its busiest group.
+//! spares (the same expert on several groups), each step gives every routed expert to
+//! one holder, the least busy, so the stage waits less for its busiest group.
 
-use std::ops::Range;
 use std::sync::Arc;
 
 use weft_gguf::GgufFile;
@@ -130,10 +129,11 @@ pub(crate) struct MoeFfn {
     /// Global id of `experts[0]`.
     first: usize,
     experts: Vec<Expert>,
-    /// The experts each group of the stage holds, and this rank's group; `shared` when
-    /// any two overlap (spares), so that choices must be given out each step.
-    groups: Vec<Range<usize>>,
+    /// This rank's expert group; per expert, the groups of the stage holding it,
+    /// ascending; `shared` when some expert has several (spares), so that experts must be
+    /// given out each step.
     group: usize,
+    holders: Vec<Vec<usize>>,
     shared: bool,
     /// Columns of each held expert's FFN.
     pub n_ff_local: usize,
@@ -187,18 +187,21 @@ impl MoeFfn {
                 })
             })
             .collect::<Result<Vec<_>, ModelError>>()?;
-        let groups = shard.expert_groups.clone();
-        let shared = groups.iter().enumerate().any(|(i, a)| {
-            groups[i + 1..]
-                .iter()
-                .any(|b| a.start < b.end && b.start < a.end)
-        });
+        let groups = &shard.expert_groups;
+        let holders: Vec<Vec<usize>> = (0..ne)
+            .map(|x| {
+                (0..groups.len())
+                    .filter(|&g| groups[g].contains(&x))
+                    .collect()
+            })
+            .collect();
+        let shared = holders.iter().any(|h| h.len() > 1);
         Ok(MoeFfn {
             router,
             first: shard.experts.start,
             experts,
-            groups,
             group: shard.expert_group,
+            holders,
             shared,
             n_ff_local: cols.len(),
             gelu: cfg.gelu,
@@ -224,7 +227,7 @@ impl MoeFfn {
     pub fn expected_expert_bytes(&self) -> usize {
         let held = self.first..self.first + self.experts.len();
         let share: f64 = held
-            .map(|x| 1.0 / self.groups.iter().filter(|g| g.contains(&x)).count().max(1) as f64)
+            .map(|x| 1.0 / self.holders[x].len().max(1) as f64)
             .sum();
         let per_expert = self.expert_bytes() as f64 / self.experts.len().max(1) as f64;
         (per_expert * share * self.router.top_k as f64 / self.router.n_expert as f64) as usize
@@ -249,6 +252,9 @@ pub(crate) struct MoeScratch {
     starts: Vec<usize>,
     /// Choices given to each expert group so far in this step (spares).
     loads: Vec<u32>,
+    /// Per expert: rows routed to it in this step, and the group computing them.
+    rows_of: Vec<u32>,
+    group_of: Vec<usize>,
     order: Vec<(u32, f32)>,
     /// Inputs gathered for one expert, and its gate, up and down outputs.
     xe: Vec<f32>,
@@ -278,6 +284,8 @@ impl MoeScratch {
             weights: vec![0.0; ubatch * k],
             starts: vec![0; held + 1],
             loads: vec![0; groups],
+            rows_of: vec![0; moe.n_expert],
+            group_of: vec![0; moe.n_expert],
             order: vec![(0, 0.0); ubatch * k],
             xe: vec![0.0; rows * n_embd],
             g: vec![0.0; rows * n_ff_local],
@@ -367,47 +375,25 @@ impl MoeFfn {
         }
     }
 
-    /// Gives each of the step's (row, expert) choices to one group holding the expert and
-    /// drops from `s.ids` those of other groups. Experts one group holds go to it; each
-    /// choice of a spare then goes to its least loaded holder (ties: the lower group), so
-    /// at decode the busiest group computes as few experts as the spares allow. Every
-    /// rank routes alike, so every rank gives out alike and each choice runs once.
+    /// Gives each expert the step routes to to one group holding it, and drops from
+    /// `s.ids` the choices other groups compute. An expert one group holds goes to it;
+    /// then each spare (ascending id) goes with all its rows to its least loaded holder
+    /// (ties: the lower group), loads counted in rows, so each expert's weights are read
+    /// once per step and at decode the busiest group computes as few experts as the
+    /// spares allow. Every rank routes alike, so every rank gives out alike and each
+    /// choice runs exactly once across the stage.
     fn keep_assigned(&self, s: &mut MoeScratch, m: usize) {
         const DROPPED: u32 = u32::MAX;
-        let k = self.router.top_k;
-        let holders = |id: usize| {
-            let first = self.groups.iter().position(|g| g.contains(&id));
-            let n = first.map_or(0, |f| {
-                self.groups[f..]
-                    .iter()
-                    .take_while(|g| g.contains(&id))
-                    .count()
-            });
-            (first.unwrap_or(0), n)
-        };
-        s.loads.fill(0);
-        for &id in &s.ids[..m * k] {
-            if let (g, 1) = holders(id as usize) {
-                s.loads[g] += 1;
-            }
-        }
-        for id in &mut s.ids[..m * k] {
-            let (first, n) = holders(*id as usize);
-            let to = match n {
-                0 => continue,
-                1 => first,
-                _ => {
-                    let mut best = first;
-                    for g in first + 1..first + n {
-                        if s.loads[g] < s.loads[best] {
-                            best = g;
-                        }
-                    }
-                    s.loads[best] += 1;
-                    best
-                }
-            };
-            if to != self.group {
+        let ids = &mut s.ids[..m * self.router.top_k];
+        give_out(
+            &self.holders,
+            ids,
+            &mut s.rows_of,
+            &mut s.loads,
+            &mut s.group_of,
+        );
+        for id in ids {
+            if s.group_of[*id as usize] != self.group {
                 *id = DROPPED;
             }
         }
@@ -548,6 +534,42 @@ impl MoeFfn {
     }
 }
 
+/// Fills `group_of[x]` with the group computing expert `x` in a step whose choices are
+/// `ids`: its only holder, or for an expert several groups hold (ascending id, after the
+/// single holders' rows are counted) the holder with the fewest rows so far, the lower
+/// on a tie. Experts no choice names are left `usize::MAX`.
+fn give_out(
+    holders: &[Vec<usize>],
+    ids: &[u32],
+    rows_of: &mut [u32],
+    loads: &mut [u32],
+    group_of: &mut [usize],
+) {
+    rows_of.fill(0);
+    group_of.fill(usize::MAX);
+    for &id in ids {
+        rows_of[id as usize] += 1;
+    }
+    loads.fill(0);
+    for (x, h) in holders.iter().enumerate() {
+        if let ([g], true) = (&h[..], rows_of[x] > 0) {
+            loads[*g] += rows_of[x];
+            group_of[x] = *g;
+        }
+    }
+    for (x, h) in holders.iter().enumerate() {
+        if let ([first, rest @ ..], true) = (&h[..], rows_of[x] > 0) {
+            if !rest.is_empty() {
+                let g = rest
+                    .iter()
+                    .fold(*first, |b, &g| if loads[g] < loads[b] { g } else { b });
+                loads[g] += rows_of[x];
+                group_of[x] = g;
+            }
+        }
+    }
+}
+
 /// Splits a flat range over consecutive blocks of `len` into per-block pieces:
 /// `f(block, start_in_block, end_in_block)`.
 fn for_segments(r: std::ops::Range<usize>, len: usize, mut f: impl FnMut(usize, usize, usize)) {
@@ -651,6 +673,40 @@ mod tests {
             .map(|(x, y)| (*x as f64) * (*y as f64))
             .sum();
         assert!((dot_fixed_order(&a, &b) as f64 - plain).abs() < 1e-4);
+    }
+
+    #[test]
+    fn spares_go_to_the_less_loaded_holder_with_all_their_rows() {
+        // Eight experts, two groups: 0..5 and 3..8 (experts 3 and 4 held by both).
+        let holders: Vec<Vec<usize>> = (0..8)
+            .map(|x| (0..2).filter(|&g| [0..5, 3..8][g].contains(&x)).collect())
+            .collect();
+        let (mut rows, mut loads, mut to) = ([0u32; 8], [0u32; 2], [0usize; 8]);
+        // Decode: 0, 1, 2 load group 0; both spares then go to group 1.
+        give_out(&holders, &[0, 1, 2, 3, 4], &mut rows, &mut loads, &mut to);
+        assert_eq!(&to[..5], &[0, 0, 0, 1, 1]);
+        assert_eq!(loads, [3, 2]);
+        assert_eq!(to[5], usize::MAX, "an expert no one chose has no group");
+        // Even singles: the spares alternate, lower group first.
+        give_out(&holders, &[0, 7, 3, 4], &mut rows, &mut loads, &mut to);
+        assert_eq!((to[3], to[4]), (0, 1));
+        assert_eq!(loads, [2, 2]);
+        // A step of several rows: a spare goes whole (all its rows) to one holder, so its
+        // weights are read once; loads count rows (3 : 1, then expert 3's three rows to
+        // group 1, then expert 4's one to group 0).
+        give_out(
+            &holders,
+            &[3, 0, 3, 1, 3, 2, 4, 7],
+            &mut rows,
+            &mut loads,
+            &mut to,
+        );
+        assert_eq!((to[3], to[4]), (1, 0));
+        assert_eq!(loads, [4, 4]);
+        // Every chosen expert lands on a group that holds it.
+        for (x, &g) in to.iter().enumerate() {
+            assert!(g == usize::MAX || holders[x].contains(&g));
+        }
     }
 
     #[test]

@@ -109,21 +109,28 @@ fn expert_imbalance(k: usize, ep: usize) -> f64 {
 }
 
 /// The busiest group's expected load over the mean when each of `ep` even groups of `ne`
-/// experts also holds `spares` of its neighbours' and a choice two groups hold goes to
-/// the less loaded (weft-model's moe.rs gives choices out the same way). No closed form:
-/// the mean over a fixed sequence of 4096 pseudo-random routings, the same every call.
+/// experts also holds `spares` of its neighbours' and each expert two groups hold goes
+/// to the less loaded (as weft-model's moe.rs gives experts out: single holders first,
+/// then spares by ascending id). No closed form: the mean over a fixed sequence of 4096
+/// pseudo-random routings, the same at every call.
 fn expert_imbalance_with_spares(k: usize, ne: usize, ep: usize, spares: usize) -> f64 {
     if spares == 0 || ep <= 1 || k == 0 || ne < k {
         return expert_imbalance(k, ep);
     }
     const DRAWS: usize = 4096;
-    let own = |g: usize| (g * ne / ep)..((g + 1) * ne / ep);
     let held: Vec<(usize, usize)> = (0..ep)
         .map(|g| {
-            let r = own(g);
-            let len = (r.len() + spares).min(ne);
-            let start = r.start.saturating_sub(spares / 2).min(ne - len);
+            let (a, b) = (g * ne / ep, (g + 1) * ne / ep);
+            let len = (b - a + spares).min(ne);
+            let start = a.saturating_sub(spares / 2).min(ne - len);
             (start, start + len)
+        })
+        .collect();
+    let holders: Vec<Vec<usize>> = (0..ne)
+        .map(|x| {
+            (0..ep)
+                .filter(|&g| held[g].0 <= x && x < held[g].1)
+                .collect()
         })
         .collect();
     let mut state = 0x9E37_79B9_7F4A_7C15u64;
@@ -145,24 +152,22 @@ fn expert_imbalance_with_spares(k: usize, ne: usize, ep: usize, spares: usize) -
                 n += 1;
             }
         }
+        chosen.sort_unstable();
         loads.fill(0);
-        let holds = |g: usize, x: usize| held[g].0 <= x && x < held[g].1;
         for &x in &chosen {
-            let mut holders = (0..ep).filter(|&g| holds(g, x));
-            if let (Some(g), None) = (holders.next(), holders.next()) {
+            if let [g] = holders[x][..] {
                 loads[g] += 1;
             }
         }
         for &x in &chosen {
-            if (0..ep).filter(|&g| holds(g, x)).count() > 1 {
-                // The least loaded holder, the lower on a tie.
-                let mut best = usize::MAX;
-                for g in (0..ep).filter(|&g| holds(g, x)) {
-                    if best == usize::MAX || loads[g] < loads[best] {
-                        best = g;
-                    }
+            if let [first, ref rest @ ..] = holders[x][..] {
+                if !rest.is_empty() {
+                    // The least loaded holder, the lower on a tie.
+                    let g = rest
+                        .iter()
+                        .fold(first, |b, &g| if loads[g] < loads[b] { g } else { b });
+                    loads[g] += 1;
                 }
-                loads[best] += 1;
             }
         }
         total += loads.iter().copied().max().unwrap_or(0);

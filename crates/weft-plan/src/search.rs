@@ -59,13 +59,19 @@ pub fn plan(m: &ModelProfile, c: &ClusterProfile, w: &Workload) -> Result<Vec<Ca
                 // With experts split, also each group holding a quarter of its share again
                 // as spares from its neighbours: less waiting on the busiest group at
                 // decode, for that much more memory (ranked if it fits).
-                let mut spares = vec![0];
-                match m.experts {
-                    Some((ne, _)) if ep > 1 && ne / (4 * ep) > 0 => spares.push(ne / (4 * ep)),
-                    _ => {}
-                }
+                // Even groups only: the nodes give experts out by count, not by speed.
+                let spares = match m.experts {
+                    Some((ne, _)) if ep > 1 && ne / (4 * ep) > 0 => ne / (4 * ep),
+                    _ => 0,
+                };
                 for (tp_weights, ep_weights) in share_variants(c, order, tp, ep) {
-                    for &ep_spares in &spares {
+                    let even = ep_weights.windows(2).all(|p| p[0] == p[1]);
+                    let offered = if even && spares > 0 {
+                        &[0, spares][..]
+                    } else {
+                        &[0][..]
+                    };
+                    for &ep_spares in offered {
                         let mut spec = LayoutSpec {
                             tp,
                             ep,
@@ -273,7 +279,8 @@ fn balance_layers(m: &ModelProfile, c: &ClusterProfile, w: &Workload, spec: &mut
     let mut cap = vec![usize::MAX; pp];
     for s in 0..pp {
         for p in 0..width {
-            let (a, e) = (spec.dense_share(p), spec.expert_share(p));
+            let ne = m.experts.map_or(1, |(ne, _)| ne);
+            let (a, e) = (spec.dense_share(p), spec.held_expert_share(p, ne));
             let bw = node(s, p).decode_rate(width);
             per_layer[s] = per_layer[s].max(a * active / bw);
             let head_bytes = if last(s) {

@@ -233,7 +233,7 @@ pub fn run(a: &BenchArgs) -> Result<()> {
         let predicted = t1.map(|t| 1.0 / (t / layout.width() as f64 + syncs as f64 * d));
         runs.push(json!({
             "layout": configs[i].name,
-            "tp": layout.tp, "pp": layout.pp, "ep": layout.ep,
+            "tp": layout.tp, "pp": layout.pp, "ep": layout.ep, "ep_spares": layout.ep_spares,
             "link_delay_us": configs[i].delay_us,
             "pp_tok_s": median(&pp[i]), "pp_samples": pp[i],
             "tg_tok_s": median(&tg[i]), "tg_samples": tg[i],

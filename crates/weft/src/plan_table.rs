@@ -41,6 +41,7 @@ pub fn print_plans(
                     "layout": p.name, "tp": p.layout.tp, "ep": p.layout.ep, "pp": p.pp,
                     "stages": stages, "layers": p.layout.layers,
                     "tp_weights": p.layout.tp_weights, "ep_weights": p.layout.ep_weights,
+                    "ep_spares": p.layout.ep_spares,
                     "prediction": p.prediction, "memory_bytes": p.memory,
                     "fits": p.unfit.is_none(), "unfit": p.unfit,
                 })

@@ -174,6 +174,8 @@ fn describe(
         "tp": layout.tp,
         "pp": layout.pp,
         "ep": layout.ep,
+        "ep_weights": layout.ep_weights,
+        "ep_spares": layout.ep_spares,
         "stages": layout.stage_ranks(),
         "syncs_per_token": layout.syncs_per_token(),
         "nodes": nodes,

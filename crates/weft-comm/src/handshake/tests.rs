@@ -225,7 +225,10 @@ fn a_version_mismatch_names_both_versions() {
     let (addr, t) = fake_peer(old);
     let mut c = TcpStream::connect(addr).unwrap();
     let e = handshake(&mut c, &hello(1, HOST_D), b"abcd", Some(0), T).unwrap_err();
-    assert_eq!(e, "peer speaks protocol version 1, this build speaks 2");
+    assert_eq!(
+        e,
+        format!("peer speaks protocol version 1, this build speaks {PROTOCOL_VERSION}")
+    );
     drop(c);
     t.join().unwrap();
 
@@ -242,7 +245,10 @@ fn a_version_mismatch_names_both_versions() {
     c.write_all(&v1.encode()).unwrap();
     c.write_all(&[7u8; 48]).unwrap();
     let e = acceptor.join().unwrap().unwrap_err();
-    assert_eq!(e, "peer speaks protocol version 1, this build speaks 2");
+    assert_eq!(
+        e,
+        format!("peer speaks protocol version 1, this build speaks {PROTOCOL_VERSION}")
+    );
     let mut got = Vec::new();
     c.set_read_timeout(Some(T)).unwrap();
     let _ = c.read_to_end(&mut got);
