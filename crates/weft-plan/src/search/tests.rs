@@ -141,14 +141,20 @@ fn a_model_too_big_for_one_node_is_planned_across_and_refused_when_it_fits_nowhe
     assert!(why.contains("offers 8.0 GB"), "{why}");
 }
 
-#[test]
-fn moe_models_get_expert_parallel_candidates() {
+/// Eight layers of 64 experts (2 GB a layer), 8 routed per token.
+fn moe_8_of_64() -> ModelProfile {
     let mut m = dense(8, 100);
     for l in &mut m.layers {
         l.ffn_bytes = 0;
         l.expert_bytes = 2 * GB;
     }
     m.experts = Some((64, 8));
+    m
+}
+
+#[test]
+fn moe_models_get_expert_parallel_candidates() {
+    let m = moe_8_of_64();
     let nodes = vec![node("a", 12, 50.0), node("b", 12, 50.0)];
     let c = ClusterProfile::uniform(nodes, 5.0, 5e9);
     let plans = plan(&m, &c, &small_workload()).unwrap();
@@ -169,12 +175,7 @@ fn moe_models_get_expert_parallel_candidates() {
 
 #[test]
 fn spare_experts_are_ranked_when_they_fit() {
-    let mut m = dense(8, 100);
-    for l in &mut m.layers {
-        l.ffn_bytes = 0;
-        l.expert_bytes = 2 * GB;
-    }
-    m.experts = Some((64, 8));
+    let m = moe_8_of_64();
     let plan_with = |memory_gb: u64| {
         let nodes = vec![node("a", memory_gb, 50.0), node("b", memory_gb, 50.0)];
         plan(
