@@ -1144,13 +1144,14 @@ mod tests {
             Announced::Member(m) => assert_eq!(m.addr, "10.77.0.2:7500"),
             other => panic!("{other:?}"),
         }
-        let mut v3 = ok.clone();
-        v3.insert("proto".into(), "3".into());
-        match read_announcement(&id, &v3, &ip, 7411) {
+        let other = PROTOCOL_VERSION + 1;
+        let mut newer = ok.clone();
+        newer.insert("proto".into(), other.to_string());
+        match read_announcement(&id, &newer, &ip, 7411) {
             Announced::Refused(_, why) => assert_eq!(
                 why,
                 format!(
-                    "node n1 (10.77.0.2:7411) speaks protocol 3, this build speaks {PROTOCOL_VERSION}"
+                    "node n1 (10.77.0.2:7411) speaks protocol {other}, this build speaks {PROTOCOL_VERSION}"
                 )
             ),
             other => panic!("{other:?}"),
