@@ -885,7 +885,10 @@ fn residual(
 }
 
 /// Causal attention of one query head over cached positions `span`, with an online
-/// softmax so no score buffer is needed whatever the context length.
+/// softmax over blocks of positions: a block's scores sit on the stack, the output is
+/// rescaled at most once a block, and the block's value rows are summed into it in one
+/// pass (`axpy_rows`), so no score buffer is needed whatever the context length and long
+/// prompts do not pay a read and write of the output per position.
 fn attend(
     q: &[f32],
     kv: &crate::kv::LayerKv,
@@ -894,23 +897,115 @@ fn attend(
     span: Range<usize>,
     out: &mut [f32],
 ) {
+    const BLOCK: usize = 32;
     out.iter_mut().for_each(|v| *v = 0.0);
     let mut max = f32::NEG_INFINITY;
     let mut sum = 0f32;
-    for pos in span {
-        let s = kv.slot(pos) * kv.stride + off;
-        let score = vecops::dot(q, &kv.k[s..s + hd]);
-        if score > max {
-            let c = (max - score).exp();
+    let mut scores = [0f32; BLOCK];
+    let mut rows: [&[f32]; BLOCK] = [&[]; BLOCK];
+    let mut at = span.start;
+    while at < span.end {
+        let n = BLOCK.min(span.end - at);
+        let mut block_max = f32::NEG_INFINITY;
+        for j in 0..n {
+            let s = kv.slot(at + j) * kv.stride + off;
+            scores[j] = vecops::dot(q, &kv.k[s..s + hd]);
+            block_max = block_max.max(scores[j]);
+            rows[j] = &kv.v[s..s + hd];
+        }
+        if block_max > max {
+            let c = (max - block_max).exp();
             vecops::scale(out, c);
             sum *= c;
-            max = score;
+            max = block_max;
         }
-        let p = (score - max).exp();
-        sum += p;
-        vecops::axpy(p, &kv.v[s..s + hd], out);
+        for p in &mut scores[..n] {
+            *p = (*p - max).exp();
+            sum += *p;
+        }
+        vecops::axpy_rows(&scores[..n], &rows[..n], out);
+        at += n;
     }
     if sum > 0.0 {
         vecops::scale(out, 1.0 / sum);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::kv::LayerKv;
+
+    /// Two-pass softmax attention in f64: the plain definition `attend` must match.
+    fn reference(q: &[f32], kv: &LayerKv, off: usize, hd: usize, span: Range<usize>) -> Vec<f64> {
+        let row = |buf: &[f32], pos: usize| {
+            let s = kv.slot(pos) * kv.stride + off;
+            buf[s..s + hd]
+                .iter()
+                .map(|&v| v as f64)
+                .collect::<Vec<f64>>()
+        };
+        let scores: Vec<f64> = span
+            .clone()
+            .map(|p| {
+                row(&kv.k, p)
+                    .iter()
+                    .zip(q)
+                    .map(|(k, &q)| k * q as f64)
+                    .sum()
+            })
+            .collect();
+        let max = scores.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+        let w: Vec<f64> = scores.iter().map(|s| (s - max).exp()).collect();
+        let total: f64 = w.iter().sum();
+        let mut out = vec![0f64; hd];
+        for (p, wp) in span.zip(&w) {
+            for (o, v) in out.iter_mut().zip(row(&kv.v, p)) {
+                *o += wp / total * v;
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn blocked_attention_matches_the_two_pass_softmax() {
+        // Two KV heads of 40 values in a ring of 50 slots; spans inside one block, on its
+        // edge, across several, wrapping the ring, with rising scores (a new maximum in
+        // every block, so the output is rescaled) and falling ones.
+        let (hd, heads, cap) = (40, 2, 50);
+        let stride = hd * heads;
+        let val = |i: usize, s: f32| ((i * 7919 % 113) as f32 / 113.0 - 0.5) * s;
+        let mut kv = LayerKv {
+            cap,
+            k: (0..cap * stride).map(|i| val(i, 2.0)).collect(),
+            v: (0..cap * stride).map(|i| val(i + 5, 1.0)).collect(),
+            stride,
+        };
+        let q: Vec<f32> = (0..hd).map(|i| val(i + 11, 1.5)).collect();
+        let mut out = vec![0f32; hd];
+        for span in [0..1, 0..31, 0..32, 0..33, 3..50, 30..95, 0..50] {
+            for off in [0, hd] {
+                attend(&q, &kv, off, hd, span.clone(), &mut out);
+                let want = reference(&q, &kv, off, hd, span.clone());
+                for (g, w) in out.iter().zip(&want) {
+                    assert!(
+                        (*g as f64 - w).abs() < 1e-5,
+                        "{span:?} off {off}: {g} vs {w}"
+                    );
+                }
+            }
+        }
+        // Scores rising along the span: each key a larger multiple of the query.
+        for p in 0..cap {
+            let s = kv.slot(p) * stride;
+            for (k, qi) in kv.k[s..s + hd].iter_mut().zip(&q) {
+                *k = qi * (p as f32 * 0.05);
+            }
+        }
+        attend(&q, &kv, 0, hd, 0..cap, &mut out);
+        let want = reference(&q, &kv, 0, hd, 0..cap);
+        for (g, w) in out.iter().zip(&want) {
+            assert!((*g as f64 - w).abs() < 1e-5, "rising: {g} vs {w}");
+        }
     }
 }
