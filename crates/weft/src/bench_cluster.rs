@@ -17,11 +17,7 @@ use crate::paths::resolve_model;
 /// One configuration: "1", "tp2", "pp3", "tp2xpp2" at a given link delay.
 struct Config {
     name: String,
-    tp: usize,
-    pp: usize,
-    ep: usize,
-    /// Spare experts per expert group.
-    spares: usize,
+    shape: Shape,
     delay_us: f64,
 }
 
@@ -139,7 +135,8 @@ pub fn run(a: &BenchArgs) -> Result<()> {
     };
     let mut configs = Vec::new();
     for &d in &delays {
-        for &Shape { tp, pp, ep, spares } in &layouts {
+        for &shape in &layouts {
+            let Shape { tp, pp, ep, spares } = shape;
             let mut parts = Vec::new();
             for (what, n) in [("EP", ep), ("TP", tp), ("PP", pp)] {
                 if n > 1 {
@@ -156,10 +153,7 @@ pub fn run(a: &BenchArgs) -> Result<()> {
             }
             configs.push(Config {
                 name,
-                tp,
-                pp,
-                ep,
-                spares,
+                shape,
                 delay_us: d,
             });
         }
@@ -169,15 +163,15 @@ pub fn run(a: &BenchArgs) -> Result<()> {
     for c in &configs {
         let l = LayoutArgs {
             nodes: if a.layout.peers.is_empty() {
-                Some(c.tp * c.pp * c.ep)
+                Some(c.shape.tp * c.shape.pp * c.shape.ep)
             } else {
                 None
             },
-            tp: Some(c.tp),
-            pp: Some(c.pp),
-            ep: Some(c.ep),
-            ep_spares: c.spares,
-            ep_weights: if c.ep == a.layout.ep_weights.len() {
+            tp: Some(c.shape.tp),
+            pp: Some(c.shape.pp),
+            ep: Some(c.shape.ep),
+            ep_spares: c.shape.spares,
+            ep_weights: if c.shape.ep == a.layout.ep_weights.len() {
                 a.layout.ep_weights.clone()
             } else {
                 Vec::new()
@@ -215,7 +209,7 @@ pub fn run(a: &BenchArgs) -> Result<()> {
     let t1 = configs
         .iter()
         .zip(&tg)
-        .find(|(c, _)| c.tp == 1 && c.pp == 1 && c.ep == 1 && c.delay_us == 0.0)
+        .find(|(c, _)| (c.shape.tp, c.shape.pp, c.shape.ep) == (1, 1, 1) && c.delay_us == 0.0)
         .map(|(_, v)| 1.0 / median(v));
     let mut runs = Vec::new();
     for (i, c) in clusters.iter_mut().enumerate() {
