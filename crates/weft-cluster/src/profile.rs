@@ -239,22 +239,54 @@ fn write_cache<T: serde::Serialize>(file: Option<&Path>, value: &T) {
     }
 }
 
+/// Weights streamed to time decode, 192 MiB: several times the last-level cache of the
+/// machines weft meets (a buffer only twice the cache stays partly cached and reads fast).
+const CALIBRATION_BYTES: usize = 192 << 20;
+
+/// How far (as a ratio either way) the speed measured now may stray from the cached
+/// before the cache is measured again: past the noise between processes on a shared VM
+/// (up to about 20 % measured), far inside the twofold moves seen between hosts.
+const CACHE_TOLERANCE: f64 = 1.25;
+
 /// The cached kernel rates for this CPU and thread count, or a fresh measurement (then
-/// cached). `cache_dir` None: measure, keep nothing.
+/// cached) where there is none or a spot check finds the machine's speed moved since.
+/// `cache_dir` None: measure, keep nothing.
 pub fn kernel_rates(threads: usize, cache_dir: Option<&Path>, fresh: bool) -> Vec<TypeRate> {
+    kernel_rates_checked(threads, cache_dir, fresh, &|pool, cached| {
+        calibrate::spot_check(pool, CALIBRATION_BYTES, cached)
+    })
+}
+
+/// `kernel_rates` with the spot check given: it returns the speed now over the cached
+/// (None: cannot tell, the cache stands).
+fn kernel_rates_checked(
+    threads: usize,
+    cache_dir: Option<&Path>,
+    fresh: bool,
+    spot_check: &dyn Fn(&ThreadPool, &[TypeRate]) -> Option<f64>,
+) -> Vec<TypeRate> {
     let file: Option<PathBuf> =
         cache_dir.map(|d| d.join(format!("kernels-{}.json", cache_key(threads))));
+    let pool = ThreadPool::new(threads.max(1));
     if !fresh {
         if let Some(r) = read_cache::<Vec<TypeRate>>(file.as_deref())
             .filter(|r| r.len() == calibrate::MEASURED.len())
         {
-            return r;
+            // The cache is keyed by CPU model, but a VM of one model can land on a host
+            // with slower memory or clocks: a cheap spot check decides whether it holds.
+            let spot = spot_check(&pool, &r);
+            tracing::debug!("kernel speed now / cached: {spot:?}");
+            match spot {
+                Some(ratio) if !(1.0 / CACHE_TOLERANCE..=CACHE_TOLERANCE).contains(&ratio) => {
+                    tracing::warn!(
+                        "this machine now runs its kernels at {ratio:.2}x the cached speed: timing them again"
+                    )
+                }
+                _ => return r,
+            }
         }
     }
-    let pool = ThreadPool::new(threads.max(1));
-    // 192 MiB: several times the last-level cache of the machines weft meets (a buffer
-    // only twice the cache stays partly cached and reads fast).
-    let rates = calibrate::measure(&pool, 192 << 20);
+    let rates = calibrate::measure(&pool, CALIBRATION_BYTES);
     write_cache(file.as_deref(), &rates);
     rates
 }
@@ -397,9 +429,64 @@ mod tests {
             })
             .count();
         assert_eq!(cached, 1);
-        let again = local_info(Some(home.path()), false, 1, None, 1.0);
-        for (slow, fast) in info.rates.iter().zip(&again.rates) {
+        let dir = home.path().join("calibration");
+        let holds = |_: &ThreadPool, _: &[TypeRate]| Some(1.1);
+        let again = kernel_rates_checked(1, Some(&dir), false, &holds);
+        for (slow, fast) in info.rates.iter().zip(&again) {
             assert!((slow.decode_bytes_per_s * 2.0 - fast.decode_bytes_per_s).abs() < 1.0);
         }
+        // A machine now at half the cached speed measures again and caches that.
+        let moved = |_: &ThreadPool, _: &[TypeRate]| Some(0.5);
+        let remeasured = kernel_rates_checked(1, Some(&dir), false, &moved);
+        assert_ne!(remeasured, again);
+        assert!(same_rates(
+            &kernel_rates_checked(1, Some(&dir), false, &holds),
+            &remeasured
+        ));
+    }
+
+    /// Equal up to JSON's last-digit rounding of floats.
+    fn same_rates(a: &[TypeRate], b: &[TypeRate]) -> bool {
+        let close = |x: f64, y: f64| (x - y).abs() <= 1e-9 * x.abs().max(y.abs());
+        a.len() == b.len()
+            && a.iter().zip(b).all(|(a, b)| {
+                a.ty == b.ty
+                    && close(a.decode_bytes_per_s, b.decode_bytes_per_s)
+                    && close(a.decode_short_bytes_per_s, b.decode_short_bytes_per_s)
+                    && close(a.prefill_bytes_per_s, b.prefill_bytes_per_s)
+            })
+    }
+
+    #[test]
+    fn a_cache_claiming_ten_times_this_machines_speed_is_measured_again() {
+        let home = tempfile::tempdir().unwrap();
+        let dir = home.path().join("calibration");
+        let measured = kernel_rates(1, Some(&dir), false);
+        let file = dir.join(format!("kernels-{}.json", cache_key(1)));
+        let boasted: Vec<TypeRate> = measured
+            .iter()
+            .map(|r| {
+                let mut r = r.clone();
+                r.slow_down(0.1);
+                r
+            })
+            .collect();
+        write_cache(Some(&file), &boasted);
+        let now = kernel_rates(1, Some(&dir), false);
+        let q8 = |rates: &[TypeRate]| {
+            calibrate::rate_of(rates, weft_gguf::GgmlType::Q8_0)
+                .unwrap()
+                .decode_bytes_per_s
+        };
+        assert!(
+            q8(&now) < q8(&boasted) / 3.0,
+            "{} vs {}",
+            q8(&now),
+            q8(&boasted)
+        );
+        assert!(same_rates(
+            &read_cache::<Vec<TypeRate>>(Some(&file)).unwrap(),
+            &now
+        ));
     }
 }

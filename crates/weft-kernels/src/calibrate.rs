@@ -73,6 +73,39 @@ pub fn measure(pool: &ThreadPool, decode_bytes: usize) -> Vec<TypeRate> {
         .collect()
 }
 
+/// The types a cached calibration is checked against: one memory-bound (Q8_0) and one
+/// that also keeps the cores busy (Q4_K), so a slower memory or a slower clock both show.
+pub const SPOT_CHECKED: [GgmlType; 2] = [GgmlType::Q8_0, GgmlType::Q4_K];
+
+/// How far this machine's speed now is from `cached` (a `measure` taken earlier, maybe on
+/// another host of the same CPU model): the decode rate of each `SPOT_CHECKED` type timed
+/// now over `decode_bytes`, divided by the cached one; the ratio furthest from 1 is
+/// returned (None: a type missing from `cached`). About 0.1 s, against seconds for
+/// `measure`.
+pub fn spot_check(pool: &ThreadPool, decode_bytes: usize, cached: &[TypeRate]) -> Option<f64> {
+    let mut stream = vec![0u8; decode_bytes];
+    let mut worst: Option<f64> = None;
+    for ty in SPOT_CHECKED {
+        let then = rate_of(cached, ty)?.decode_bytes_per_s;
+        let now = choose::time_chosen(
+            pool,
+            ty,
+            Shape::Decode,
+            (3, choose::Keep::Median),
+            &mut stream,
+        )?;
+        if then <= 0.0 || !now.is_finite() {
+            return None;
+        }
+        let ratio = now / then;
+        let off = |r: f64| (r.ln()).abs();
+        if worst.is_none_or(|w| off(ratio) > off(w)) {
+            worst = Some(ratio);
+        }
+    }
+    worst
+}
+
 /// Decode speed of every type while other processes may stream too: all matrices are
 /// built first, then each type streams for `window` seconds and the rate is the mean
 /// over it (so nodes told to measure at once overlap, and the figure includes their
@@ -170,5 +203,22 @@ mod tests {
             );
         }
         assert!(rate_of(&rates, GgmlType::Q4_K).is_some());
+    }
+
+    #[test]
+    fn a_spot_check_compares_with_the_cache() {
+        let pool = ThreadPool::new(1);
+        let rates = measure(&pool, 1 << 20);
+        let same = spot_check(&pool, 1 << 20, &rates).unwrap();
+        assert!(same > 0.0 && same.is_finite(), "{same}");
+        // A cache that claims ten times today's speed reads as about a tenth.
+        let mut boasted = rates.clone();
+        for r in &mut boasted {
+            r.slow_down(0.1);
+        }
+        let off = spot_check(&pool, 1 << 20, &boasted).unwrap();
+        assert!((0.03..0.3).contains(&(off / same)), "{off} vs {same}");
+        // A cache without the checked types cannot be checked.
+        assert_eq!(spot_check(&pool, 1 << 20, &rates[..1]), None);
     }
 }
