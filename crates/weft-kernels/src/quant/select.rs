@@ -73,6 +73,10 @@ pub enum Fused {
     /// timing alike could choose unalike and part at near-ties): it is the only path,
     /// for every process, where `WEFT_KERNELS_VNNI512=1` asks for it.
     Avx512Vnni512,
+    /// K formats, two tokens or more: 512-bit `vpdpbusd` over two sub-blocks at once and
+    /// the scales by `vpdpwssd`, summing the AVX2 tile's i32 lanes (same results to the
+    /// bit, so one more timed candidate).
+    Avx512VnniZmm,
 }
 
 /// One candidate path.
@@ -91,6 +95,7 @@ impl Path {
             Fused::AvxVnni => "avx-vnni",
             Fused::Avx512Vnni256 => "avx512vnni-256",
             Fused::Avx512Vnni512 => "avx512vnni-512",
+            Fused::Avx512VnniZmm => "avx512vnni-zmm",
         };
         if self.prefetch {
             format!("{f}+prefetch")
@@ -105,6 +110,7 @@ impl Path {
             Fused::AvxVnni => 1,
             Fused::Avx512Vnni256 => 2,
             Fused::Avx512Vnni512 => 3,
+            Fused::Avx512VnniZmm => 4,
         };
         1 + f * 2 + self.prefetch as u8
     }
@@ -116,6 +122,7 @@ impl Path {
             1 => Fused::AvxVnni,
             2 => Fused::Avx512Vnni256,
             3 => Fused::Avx512Vnni512,
+            4 => Fused::Avx512VnniZmm,
             _ => return None,
         };
         Some(Path {
@@ -151,6 +158,7 @@ struct Features {
     avx_vnni: bool,
     avx512_vnni_256: bool,
     avx512_vnni_512: bool,
+    avx512_vnni_zmm: bool,
 }
 
 fn features() -> Features {
@@ -167,6 +175,7 @@ fn features() -> Features {
                 avx_vnni: !off && is_x86_feature_detected!("avxvnni"),
                 avx512_vnni_256: !off && avx512 && is_x86_feature_detected!("avx512vl"),
                 avx512_vnni_512: !off && avx512 && set("WEFT_KERNELS_VNNI512"),
+                avx512_vnni_zmm: !off && avx512,
             }
         }
         #[cfg(not(target_arch = "x86_64"))]
@@ -176,6 +185,7 @@ fn features() -> Features {
                 avx_vnni: false,
                 avx512_vnni_256: false,
                 avx512_vnni_512: false,
+                avx512_vnni_zmm: false,
             }
         }
     })
@@ -198,6 +208,7 @@ pub fn runnable(path: Path) -> bool {
             Fused::AvxVnni => f.avx_vnni,
             Fused::Avx512Vnni256 => f.avx512_vnni_256,
             Fused::Avx512Vnni512 => f.avx512_vnni_512,
+            Fused::Avx512VnniZmm => f.avx512_vnni_zmm,
         }
 }
 
@@ -264,6 +275,9 @@ pub fn candidates(ty: GgmlType, shape: Shape) -> Paths {
     if is_k(ty) {
         add(Fused::Avx512Vnni256);
     }
+    if is_k(ty) && !shape.is_decode() {
+        add(Fused::Avx512VnniZmm);
+    }
     let prefetch: &[bool] = if shape.is_decode() {
         &[true, false]
     } else {
@@ -323,6 +337,7 @@ mod tests {
             Fused::AvxVnni,
             Fused::Avx512Vnni256,
             Fused::Avx512Vnni512,
+            Fused::Avx512VnniZmm,
         ] {
             for prefetch in [false, true] {
                 let p = Path { fused, prefetch };

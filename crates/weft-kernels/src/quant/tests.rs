@@ -596,3 +596,92 @@ fn a_token_sums_alike_alone_and_in_a_batch() {
         }
     }
 }
+
+#[test]
+fn k_format_paths_agree_to_the_bit() {
+    // Every path of a K format at batch and prefill shapes (the 512-bit VNNI tile among
+    // them where the CPU has it) must give the AVX2 tile's results exactly, and a token
+    // alone (matvec) the same: paths are chosen by timing, so ranks and batches may take
+    // different ones. Extreme blocks (every level at its top, activations at -128 and
+    // 127) check that the four-product sums never leave i16.
+    if !simd() {
+        return;
+    }
+    let mut rng = Rng::new(13);
+    for w in [G::Q4_K, G::Q5_K, G::Q6_K] {
+        for n in [256usize, 1024, 4352] {
+            let rows = 5;
+            let mut buf = weight_matrix(&mut rng, w, n, rows);
+            let rb = row_bytes(w, n);
+            // Row 0: every quant byte 0xFF (top levels), every scale byte at its top.
+            let (quants, scales) = match w {
+                G::Q4_K => (16..144, 4..16),
+                G::Q5_K => (16..176, 4..16),
+                _ => (0..192, 192..208),
+            };
+            for b in 0..n / 256 {
+                let blk = &mut buf[1 + b * w.type_size()..1 + (b + 1) * w.type_size()];
+                for i in quants.clone() {
+                    blk[i] = 0xFF;
+                }
+                for i in scales.clone() {
+                    // Q6_K scales are signed bytes: alternate the extremes.
+                    blk[i] = if w == G::Q6_K {
+                        if i % 2 == 0 {
+                            0x7F
+                        } else {
+                            0x80
+                        }
+                    } else {
+                        0xFF
+                    };
+                }
+            }
+            let weights = &buf[1..];
+            let ab = act_bytes(w, n);
+            for m in [2usize, 5, 8, 17] {
+                let mut acts = Vec::new();
+                for t in 0..m {
+                    let mut a = act_scalar(w, &rng.values(n));
+                    if t == 0 {
+                        // Q8_K: f32 d, 256 quants, 16 i16 block sums, per 256 values.
+                        for b in 0..n / 256 {
+                            let blk = &mut a[b * 292..(b + 1) * 292];
+                            for (j, q) in blk[4..260].iter_mut().enumerate() {
+                                *q = if j % 3 == 0 { 0x80 } else { 0x7F };
+                            }
+                        }
+                    }
+                    acts.extend(a);
+                }
+                let mut alone = vec![0f32; m * rows];
+                for t in 0..m {
+                    let o = &mut alone[t * rows..(t + 1) * rows];
+                    matvec(w, n, weights, 0..rows, &acts[t * ab..(t + 1) * ab], o);
+                }
+                for path in select::candidates(w, Shape::of(m, n)).as_slice() {
+                    let mut out = vec![f32::NAN; m * rows];
+                    matmul_on(
+                        Some(*path),
+                        w,
+                        n,
+                        weights,
+                        0..rows,
+                        &acts,
+                        m,
+                        &mut out,
+                        rows,
+                    );
+                    for (i, (x, y)) in out.iter().zip(&alone).enumerate() {
+                        assert_eq!(
+                            x.to_bits(),
+                            y.to_bits(),
+                            "{w} n={n} m={m} {} value {i}: {x} vs {y} alone ({rb} bytes a row)",
+                            path.name()
+                        );
+                    }
+                }
+            }
+        }
+    }
+}

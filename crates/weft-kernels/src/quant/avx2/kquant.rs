@@ -16,9 +16,9 @@ use std::arch::x86_64::*;
 
 use super::tile::{f16_to_f32, halves_to_f32, hsum_grid, load128, load256, read_u16, Tile};
 
-const Q8_K_AB: usize = 292;
-const Q8_K_QS: usize = 4;
-const Q8_K_BSUMS: usize = 260;
+pub(super) const Q8_K_AB: usize = 292;
+pub(super) const Q8_K_QS: usize = 4;
+pub(super) const Q8_K_BSUMS: usize = 260;
 
 /// `madd` then `add` (AVX2 only).
 pub const PLAIN: u8 = 0;
@@ -75,7 +75,7 @@ fn pick_i16(j: usize) -> __m256i {
 /// `p` points to a readable Q8_K block.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn act_d(p: *const u8) -> __m256 {
+pub(super) unsafe fn act_d(p: *const u8) -> __m256 {
     // SAFETY: d is the first 4 bytes of the block (unaligned is fine for vbroadcastss).
     unsafe { _mm256_broadcast_ss(&*p.cast::<f32>()) }
 }
@@ -90,7 +90,7 @@ unsafe fn act_d(p: *const u8) -> __m256 {
 /// block's quants).
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn scales_mins_k4(sc: *const u8) -> (__m256i, __m256i) {
+pub(super) unsafe fn scales_mins_k4(sc: *const u8) -> (__m256i, __m256i) {
     const M1: i32 = 0x3f3f_3f3f;
     const M2: i32 = 0x0f0f_0f0f;
     // SAFETY: 16 bytes: the 12 scale bytes and 4 quant bytes (u3, unused).
@@ -122,7 +122,7 @@ unsafe fn scales_mins_k4(sc: *const u8) -> (__m256i, __m256i) {
 /// `p` is readable for 4 bytes.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn two_halves(p: *const u8) -> (__m256, __m256) {
+pub(super) unsafe fn two_halves(p: *const u8) -> (__m256, __m256) {
     // SAFETY: 4 readable bytes.
     let bits = unsafe { p.cast::<u32>().read_unaligned() };
     let y = halves_to_f32(bits);

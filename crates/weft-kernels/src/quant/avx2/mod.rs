@@ -16,6 +16,7 @@
 mod act;
 mod float;
 mod kquant;
+mod kquant_zmm;
 mod legacy;
 mod tile;
 mod vnni;
@@ -29,17 +30,21 @@ use tile::{load256, put, scales8, Tile, COLS, PREFETCH_BYTES};
 
 pub(super) use act::quantize_act;
 
-/// Whether some AVX-512 VNNI path is offered (the K-quant `vpdpwssd` form, or the
-/// 512-bit tile where `WEFT_KERNELS_VNNI512` asks for it).
+/// Whether some AVX-512 VNNI path is offered (the K-quant `vpdpwssd` form and 512-bit
+/// tile, or the 32-value formats' 512-bit tile where `WEFT_KERNELS_VNNI512` asks for it).
 pub(super) fn vnni_matmul() -> bool {
-    [Fused::Avx512Vnni256, Fused::Avx512Vnni512]
-        .into_iter()
-        .any(|fused| {
-            select::runnable(Path {
-                fused,
-                prefetch: false,
-            })
+    [
+        Fused::Avx512Vnni256,
+        Fused::Avx512Vnni512,
+        Fused::Avx512VnniZmm,
+    ]
+    .into_iter()
+    .any(|fused| {
+        select::runnable(Path {
+            fused,
+            prefetch: false,
         })
+    })
 }
 
 /// The AVX-512 VNNI matmul of a 32-value type whatever `WEFT_KERNELS_VNNI512` says, for
@@ -203,15 +208,54 @@ unsafe fn matvec_with<K: Tile>(
     }
 }
 
-/// Matmul with R x T tiles (and R x 1, 1 x T, 1 x 1 at the edges): column chunks, then
-/// token chunks, then rows, then tokens.
+/// Matmul with R x T tiles on AVX2 (see [`matmul_tiles`]).
 ///
 /// # Safety
-/// As `matvec_with`, plus `acts` holds `m` activations and `out` is large enough for
-/// `(m - 1) * out_stride + rows.len()` values.
+/// As [`matmul_tiles`].
 #[allow(clippy::too_many_arguments)]
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn matmul_with<K: Tile, const R: usize, const T: usize>(
+    nb: usize,
+    weights: &[u8],
+    rows: Range<usize>,
+    acts: &[u8],
+    m: usize,
+    out: &mut [f32],
+    out_stride: usize,
+) {
+    // SAFETY: forwarded from the caller.
+    unsafe { matmul_tiles::<K, R, T>(nb, weights, rows, acts, m, out, out_stride) }
+}
+
+/// The same driver compiled for AVX-512 VNNI, so 512-bit tiles inline into it.
+///
+/// # Safety
+/// As [`matmul_tiles`], on a CPU with AVX-512 F/BW/VNNI.
+#[allow(clippy::too_many_arguments)]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vnni")]
+unsafe fn matmul_with_zmm<K: Tile, const R: usize, const T: usize>(
+    nb: usize,
+    weights: &[u8],
+    rows: Range<usize>,
+    acts: &[u8],
+    m: usize,
+    out: &mut [f32],
+    out_stride: usize,
+) {
+    // SAFETY: forwarded from the caller.
+    unsafe { matmul_tiles::<K, R, T>(nb, weights, rows, acts, m, out, out_stride) }
+}
+
+/// Matmul with R x T tiles (and R x 1, 1 x T, 1 x 1 at the edges): column chunks, then
+/// token chunks, then rows, then tokens. Always inlined into a driver compiled for the
+/// tile's instruction set.
+///
+/// # Safety
+/// As `matvec_with`, plus `acts` holds `m` activations and `out` is large enough for
+/// `(m - 1) * out_stride + rows.len()` values; the CPU runs `K`'s instructions.
+#[allow(clippy::too_many_arguments)]
+#[inline(always)]
+unsafe fn matmul_tiles<K: Tile, const R: usize, const T: usize>(
     nb: usize,
     weights: &[u8],
     rows: Range<usize>,
@@ -421,10 +465,15 @@ pub(super) unsafe fn matmul(
 ) {
     let nb = n / w.block_size();
     use kquant::{EVEX, PLAIN, VEX};
-    use Fused::{Avx512Vnni256 as E, Avx512Vnni512 as Z, AvxVnni as V};
+    use Fused::{Avx512Vnni256 as E, Avx512Vnni512 as Z, Avx512VnniZmm as K, AvxVnni as V};
     macro_rules! tiled {
         ($k:ty, $r:literal) => {
             matmul_with::<$k, $r, 4>(nb, weights, rows, acts, m, out, out_stride)
+        };
+    }
+    macro_rules! zmm {
+        ($k:ty) => {
+            matmul_with_zmm::<$k, 1, 8>(nb, weights, rows, acts, m, out, out_stride)
         };
     }
     // SAFETY: forwarded from the caller; the 512-bit tile is taken only for two tokens
@@ -446,12 +495,15 @@ pub(super) unsafe fn matmul(
                 vnni::matmul::<legacy::Q8_0>(nb, weights, rows, acts, m, out, out_stride)
             }
             (GgmlType::Q8_0, _) => tiled!(legacy::Q8_0, 1),
+            (GgmlType::Q4_K, K) => zmm!(kquant_zmm::Q4KZ),
             (GgmlType::Q4_K, V) => tiled!(kquant::Q4K<VEX>, 1),
             (GgmlType::Q4_K, E) => tiled!(kquant::Q4K<EVEX>, 1),
             (GgmlType::Q4_K, _) => tiled!(kquant::Q4K<PLAIN>, 1),
+            (GgmlType::Q5_K, K) => zmm!(kquant_zmm::Q5KZ),
             (GgmlType::Q5_K, V) => tiled!(kquant::Q5K<VEX>, 1),
             (GgmlType::Q5_K, E) => tiled!(kquant::Q5K<EVEX>, 1),
             (GgmlType::Q5_K, _) => tiled!(kquant::Q5K<PLAIN>, 1),
+            (GgmlType::Q6_K, K) => zmm!(kquant_zmm::Q6KZ),
             (GgmlType::Q6_K, V) => tiled!(kquant::Q6K<VEX>, 1),
             (GgmlType::Q6_K, E) => tiled!(kquant::Q6K<EVEX>, 1),
             (GgmlType::Q6_K, _) => tiled!(kquant::Q6K<PLAIN>, 1),
