@@ -64,9 +64,11 @@ impl Shape {
 pub enum Fused {
     /// AVX2 only (`maddubs`, `madd`, `add`).
     Avx2,
-    /// K formats: the scale multiply-add as one AVX-VNNI `vpdpwssd` (VEX).
+    /// K formats: the scale multiply-add as one AVX-VNNI `vpdpwssd` (VEX); 32-value
+    /// formats: `maddubs` and `madd` as one `vpdpbusd`. Exact integer sums in the same
+    /// lanes, so the same results as `Avx2` to the bit.
     AvxVnni,
-    /// K formats: the same as AVX-512 VNNI on 256-bit registers (EVEX, needs AVX512VL).
+    /// The same as AVX-512 VNNI on 256-bit registers (EVEX, needs AVX512VL).
     Avx512Vnni256,
     /// 32-value formats, two tokens or more: the 512-bit `vpdpbusd` tile. It sums in
     /// another order than the AVX2 tile, so it is never one of several candidates (ranks
@@ -264,19 +266,22 @@ pub fn candidates(ty: GgmlType, shape: Shape) -> Paths {
             prefetch: false,
         });
     if vnni512 {
+        // Its own order: the only candidate (see `Fused::Avx512Vnni512`).
         add(Fused::Avx512Vnni512);
-    }
-    if is_k(ty) {
-        add(Fused::AvxVnni);
-    }
-    if !vnni512 {
+    } else {
+        if is_k(ty) {
+            add(Fused::AvxVnni);
+        }
         add(Fused::Avx2);
-    }
-    if is_k(ty) {
-        add(Fused::Avx512Vnni256);
-    }
-    if is_k(ty) && !shape.is_decode() {
-        add(Fused::Avx512VnniZmm);
+        if is_legacy(ty) {
+            add(Fused::AvxVnni);
+        }
+        if is_k(ty) || is_legacy(ty) {
+            add(Fused::Avx512Vnni256);
+        }
+        if is_k(ty) && !shape.is_decode() {
+            add(Fused::Avx512VnniZmm);
+        }
     }
     let prefetch: &[bool] = if shape.is_decode() {
         &[true, false]

@@ -685,3 +685,84 @@ fn k_format_paths_agree_to_the_bit() {
         }
     }
 }
+
+#[test]
+fn legacy_format_paths_agree_to_the_bit() {
+    // The 32-value formats' paths (maddubs + madd, or one vpdpbusd in VEX or EVEX form)
+    // sum the same i32 lanes, so every shape's candidates must match a token alone on the
+    // AVX2 path exactly; Q8_0 weights include -128 and activations reach -128.
+    if !simd() {
+        return;
+    }
+    let mut rng = Rng::new(14);
+    for w in [G::Q8_0, G::Q5_0, G::Q4_0] {
+        for n in [32usize, 640, 4160] {
+            let rows = 5;
+            let mut buf = weight_matrix(&mut rng, w, n, rows);
+            if w == G::Q8_0 {
+                for (i, byte) in buf[1..].iter_mut().enumerate() {
+                    if i % 34 >= 2 && i % 5 == 0 {
+                        *byte = 0x80;
+                    }
+                }
+            }
+            let weights = &buf[1..];
+            let ab = act_bytes(w, n);
+            for m in [1usize, 2, 5, 8, 17] {
+                let mut acts = Vec::new();
+                for t in 0..m {
+                    let mut a = act_scalar(w, &rng.values(n));
+                    if t == 0 {
+                        for (i, q) in a.iter_mut().enumerate() {
+                            if i % 34 >= 2 && i % 3 == 0 {
+                                *q = 0x80;
+                            }
+                        }
+                    }
+                    acts.extend(a);
+                }
+                let mut alone = vec![0f32; m * rows];
+                let plain = select::Path {
+                    fused: select::Fused::Avx2,
+                    prefetch: true,
+                };
+                for t in 0..m {
+                    let o = &mut alone[t * rows..(t + 1) * rows];
+                    let act = &acts[t * ab..(t + 1) * ab];
+                    matvec_on(Some(plain), w, n, weights, 0..rows, act, o);
+                }
+                let paths = select::candidates(w, Shape::of(m, n));
+                let same_order = paths
+                    .as_slice()
+                    .iter()
+                    .filter(|p| p.fused != select::Fused::Avx512Vnni512);
+                for path in same_order {
+                    let mut out = vec![f32::NAN; m * rows];
+                    if m == 1 {
+                        matvec_on(Some(*path), w, n, weights, 0..rows, &acts, &mut out);
+                    } else {
+                        matmul_on(
+                            Some(*path),
+                            w,
+                            n,
+                            weights,
+                            0..rows,
+                            &acts,
+                            m,
+                            &mut out,
+                            rows,
+                        );
+                    }
+                    for (i, (x, y)) in out.iter().zip(&alone).enumerate() {
+                        assert_eq!(
+                            x.to_bits(),
+                            y.to_bits(),
+                            "{w} n={n} m={m} {} value {i}: {x} vs {y} alone",
+                            path.name()
+                        );
+                    }
+                }
+            }
+        }
+    }
+}

@@ -61,6 +61,44 @@ fn madd_acc<const F: u8>(acc: __m256i, p: __m256i, s: __m256i) -> __m256i {
     acc
 }
 
+/// `acc + dot4(u, a)`: unsigned bytes times signed bytes, four products summed into each
+/// i32 lane (`vpdpbusd`), in the form `F` says; PLAIN is `maddubs` then `madd` with ones,
+/// exact where the pair sums stay within i16 (the callers' levels keep them there).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) fn dpbusd_acc<const F: u8>(acc: __m256i, u: __m256i, a: __m256i) -> __m256i {
+    let mut acc = acc;
+    // SAFETY (both asm blocks): register-only; the caller takes a fused form only after
+    // detecting the CPU feature it needs.
+    match F {
+        VEX => unsafe {
+            std::arch::asm!(
+                "{{vex}} vpdpbusd {acc}, {u}, {a}",
+                acc = inout(ymm_reg) acc,
+                u = in(ymm_reg) u,
+                a = in(ymm_reg) a,
+                options(pure, nomem, nostack, preserves_flags)
+            );
+        },
+        EVEX => unsafe {
+            std::arch::asm!(
+                "{{evex}} vpdpbusd {acc}, {u}, {a}",
+                acc = inout(ymm_reg) acc,
+                u = in(ymm_reg) u,
+                a = in(ymm_reg) a,
+                options(pure, nomem, nostack, preserves_flags)
+            );
+        },
+        _ => {
+            acc = _mm256_add_epi32(
+                acc,
+                _mm256_madd_epi16(_mm256_maddubs_epi16(u, a), _mm256_set1_epi16(1)),
+            )
+        }
+    }
+    acc
+}
+
 /// `pshufb` pattern that repeats i16 lane `j` of each 128-bit half (broadcasts scale j).
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]

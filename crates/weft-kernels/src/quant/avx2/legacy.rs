@@ -16,6 +16,7 @@
 
 use std::arch::x86_64::*;
 
+use super::kquant::{dpbusd_acc, PLAIN};
 use super::tile::{hsum_ps, load128, load256, scales8, Tile, COLS};
 use std::mem::MaybeUninit;
 
@@ -70,10 +71,11 @@ pub trait Legacy {
     unsafe fn dot(w: Self::W, a: __m256i) -> __m256i;
 }
 
-/// Q4_0 / Q5_0: unsigned levels straight into `maddubs`.
-pub struct Offset<L>(std::marker::PhantomData<L>);
-pub type Q4_0 = Offset<Q4Levels>;
-pub type Q5_0 = Offset<Q5Levels>;
+/// Q4_0 / Q5_0: unsigned levels straight into `maddubs` (or `vpdpbusd`, as `F` says: see
+/// `kquant::dpbusd_acc`; the same i32 lanes either way, so the same results to the bit).
+pub struct Offset<L, const F: u8>(std::marker::PhantomData<L>);
+pub type Q4_0 = Offset<Q4Levels, PLAIN>;
+pub type Q5_0 = Offset<Q5Levels, PLAIN>;
 
 /// The unsigned levels of an offset format (Q4_0: 0..16 minus 8, Q5_0: 0..32 minus 16).
 pub trait Levels {
@@ -113,7 +115,7 @@ impl Levels for Q5Levels {
     }
 }
 
-impl<L: Levels> Legacy for Offset<L> {
+impl<L: Levels, const F: u8> Legacy for Offset<L, F> {
     const WB: usize = L::WB;
     const OFFSET: i32 = L::OFFSET;
     type W = __m256i;
@@ -129,13 +131,15 @@ impl<L: Levels> Legacy for Offset<L> {
     #[target_feature(enable = "avx2,fma,f16c")]
     unsafe fn dot(u: __m256i, a: __m256i) -> __m256i {
         // No i16 saturation: pair sums stay below 2 * 31 * 128.
-        _mm256_madd_epi16(_mm256_maddubs_epi16(u, a), _mm256_set1_epi16(1))
+        dpbusd_acc::<F>(_mm256_setzero_si256(), u, a)
     }
 }
 
-pub struct Q8_0;
+/// Q8_0, its dot in the form `F` says (as for [`Offset`]).
+pub struct Q8_0Of<const F: u8>;
+pub type Q8_0 = Q8_0Of<PLAIN>;
 
-impl Legacy for Q8_0 {
+impl<const F: u8> Legacy for Q8_0Of<F> {
     const WB: usize = 34;
     const OFFSET: i32 = 0;
     /// |w| and w (the sign source).
@@ -153,8 +157,7 @@ impl Legacy for Q8_0 {
     #[target_feature(enable = "avx2,fma,f16c")]
     unsafe fn dot((aq, q): (__m256i, __m256i), a: __m256i) -> __m256i {
         // |w| * (a with w's sign) = w * a, and |-128| = 128 is right as unsigned.
-        let p = _mm256_maddubs_epi16(aq, _mm256_sign_epi8(a, q));
-        _mm256_madd_epi16(p, _mm256_set1_epi16(1))
+        dpbusd_acc::<F>(_mm256_setzero_si256(), aq, _mm256_sign_epi8(a, q))
     }
 }
 

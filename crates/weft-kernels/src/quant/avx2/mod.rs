@@ -417,8 +417,26 @@ pub(super) unsafe fn matvec(
             (GgmlType::F32, _) => matvec_with::<float::F32>(nb, weights, rows, act, out, pf),
             (GgmlType::F16, _) => matvec_with::<float::F16>(nb, weights, rows, act, out, pf),
             (GgmlType::BF16, _) => matvec_with::<float::Bf16>(nb, weights, rows, act, out, pf),
+            (GgmlType::Q4_0, V) => matvec_with::<legacy::Offset<legacy::Q4Levels, VEX>>(
+                nb, weights, rows, act, out, pf,
+            ),
+            (GgmlType::Q4_0, E) => matvec_with::<legacy::Offset<legacy::Q4Levels, EVEX>>(
+                nb, weights, rows, act, out, pf,
+            ),
             (GgmlType::Q4_0, _) => matvec_with::<legacy::Q4_0>(nb, weights, rows, act, out, pf),
+            (GgmlType::Q5_0, V) => matvec_with::<legacy::Offset<legacy::Q5Levels, VEX>>(
+                nb, weights, rows, act, out, pf,
+            ),
+            (GgmlType::Q5_0, E) => matvec_with::<legacy::Offset<legacy::Q5Levels, EVEX>>(
+                nb, weights, rows, act, out, pf,
+            ),
             (GgmlType::Q5_0, _) => matvec_with::<legacy::Q5_0>(nb, weights, rows, act, out, pf),
+            (GgmlType::Q8_0, V) => {
+                matvec_with::<legacy::Q8_0Of<VEX>>(nb, weights, rows, act, out, pf)
+            }
+            (GgmlType::Q8_0, E) => {
+                matvec_with::<legacy::Q8_0Of<EVEX>>(nb, weights, rows, act, out, pf)
+            }
             (GgmlType::Q8_0, _) => matvec_with::<legacy::Q8_0>(nb, weights, rows, act, out, pf),
             (GgmlType::Q4_K, V) => matvec_with::<kquant::Q4K<VEX>>(nb, weights, rows, act, out, pf),
             (GgmlType::Q4_K, E) => {
@@ -486,14 +504,20 @@ pub(super) unsafe fn matmul(
             (GgmlType::Q4_0, Z) if m >= 2 => {
                 vnni::matmul::<legacy::Q4_0>(nb, weights, rows, acts, m, out, out_stride)
             }
+            (GgmlType::Q4_0, V) => tiled!(legacy::Offset<legacy::Q4Levels, VEX>, 1),
+            (GgmlType::Q4_0, E) => tiled!(legacy::Offset<legacy::Q4Levels, EVEX>, 1),
             (GgmlType::Q4_0, _) => tiled!(legacy::Q4_0, 1),
             (GgmlType::Q5_0, Z) if m >= 2 => {
                 vnni::matmul::<legacy::Q5_0>(nb, weights, rows, acts, m, out, out_stride)
             }
+            (GgmlType::Q5_0, V) => tiled!(legacy::Offset<legacy::Q5Levels, VEX>, 1),
+            (GgmlType::Q5_0, E) => tiled!(legacy::Offset<legacy::Q5Levels, EVEX>, 1),
             (GgmlType::Q5_0, _) => tiled!(legacy::Q5_0, 1),
             (GgmlType::Q8_0, Z) if m >= 2 => {
                 vnni::matmul::<legacy::Q8_0>(nb, weights, rows, acts, m, out, out_stride)
             }
+            (GgmlType::Q8_0, V) => tiled!(legacy::Q8_0Of<VEX>, 1),
+            (GgmlType::Q8_0, E) => tiled!(legacy::Q8_0Of<EVEX>, 1),
             (GgmlType::Q8_0, _) => tiled!(legacy::Q8_0, 1),
             (GgmlType::Q4_K, K) => zmm!(kquant_zmm::Q4KZ),
             (GgmlType::Q4_K, V) => tiled!(kquant::Q4K<VEX>, 1),

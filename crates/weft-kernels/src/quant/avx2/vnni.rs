@@ -49,7 +49,7 @@ impl Signed for legacy::Q8_0 {
     }
 }
 
-impl<L: legacy::Levels> Signed for legacy::Offset<L> {
+impl<L: legacy::Levels, const F: u8> Signed for legacy::Offset<L, F> {
     const WB: usize = L::WB;
 
     #[inline]
