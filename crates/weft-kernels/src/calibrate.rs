@@ -80,8 +80,8 @@ pub const SPOT_CHECKED: [GgmlType; 2] = [GgmlType::Q8_0, GgmlType::Q4_K];
 /// How far this machine's speed now is from `cached` (a `measure` taken earlier, maybe on
 /// another host of the same CPU model): the decode rate of each `SPOT_CHECKED` type timed
 /// now over `decode_bytes`, divided by the cached one; the ratio furthest from 1 is
-/// returned (None: a type missing from `cached`). About 0.1 s, against seconds for
-/// `measure`.
+/// returned (None: a type missing from `cached`). Well under a second, against
+/// several for `measure`.
 pub fn spot_check(pool: &ThreadPool, decode_bytes: usize, cached: &[TypeRate]) -> Option<f64> {
     let mut stream = vec![0u8; decode_bytes];
     let mut worst: Option<f64> = None;

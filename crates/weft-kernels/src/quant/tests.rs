@@ -643,13 +643,15 @@ fn k_format_paths_agree_to_the_bit() {
                 let mut acts = Vec::new();
                 for t in 0..m {
                     let mut a = act_scalar(w, &rng.values(n));
-                    if t == 0 {
+                    if t < 2 {
                         // Q8_K: f32 d, 256 quants, 16 i16 block sums, per 256 values.
+                        // Token 0 all -128 and token 1 all 127: against row 0's top
+                        // levels, every four-product sum sits at its bound (-32256 for
+                        // Q6_K). The block sums are left as they were: the paths are
+                        // held to each other here, not to a reference.
                         for b in 0..n / 256 {
                             let blk = &mut a[b * 292..(b + 1) * 292];
-                            for (j, q) in blk[4..260].iter_mut().enumerate() {
-                                *q = if j % 3 == 0 { 0x80 } else { 0x7F };
-                            }
+                            blk[4..260].fill(if t == 0 { 0x80 } else { 0x7F });
                         }
                     }
                     acts.extend(a);

@@ -494,8 +494,8 @@ pub(super) unsafe fn matmul(
             matmul_with_zmm::<$k, 1, 8>(nb, weights, rows, acts, m, out, out_stride)
         };
     }
-    // SAFETY: forwarded from the caller; the 512-bit tile is taken only for two tokens
-    // or more.
+    // SAFETY: forwarded from the caller; the 32-value formats' 512-bit tile is taken
+    // only for two tokens or more (the K formats' takes any count, edges included).
     unsafe {
         match (w, fused) {
             (GgmlType::F32, _) => tiled!(float::F32, 2),
