@@ -13,7 +13,7 @@ use crate::quant::{self};
 use crate::{roofline, ThreadPool};
 
 /// Bumped whenever a kernel changes, so timings cached under an older one are retaken.
-pub const REVISION: u32 = 8;
+pub const REVISION: u32 = 9;
 
 /// Values per weight row in the timed matrices: a common hidden size, and a short one for
 /// `Shape::DecodeShort` (Gemma 3 270M's 640, or 512 where blocks hold 256 values).

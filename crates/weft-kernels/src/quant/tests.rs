@@ -612,7 +612,6 @@ fn k_format_paths_agree_to_the_bit() {
         for n in [256usize, 1024, 4352] {
             let rows = 5;
             let mut buf = weight_matrix(&mut rng, w, n, rows);
-            let rb = row_bytes(w, n);
             // Row 0: every quant byte 0xFF (top levels), every scale byte at its top.
             let (quants, scales) = match w {
                 G::Q4_K => (16..144, 4..16),
@@ -638,7 +637,6 @@ fn k_format_paths_agree_to_the_bit() {
                 }
             }
             let weights = &buf[1..];
-            let ab = act_bytes(w, n);
             for m in [2usize, 5, 8, 17] {
                 let mut acts = Vec::new();
                 for t in 0..m {
@@ -656,33 +654,7 @@ fn k_format_paths_agree_to_the_bit() {
                     }
                     acts.extend(a);
                 }
-                let mut alone = vec![0f32; m * rows];
-                for t in 0..m {
-                    let o = &mut alone[t * rows..(t + 1) * rows];
-                    matvec(w, n, weights, 0..rows, &acts[t * ab..(t + 1) * ab], o);
-                }
-                for path in select::candidates(w, Shape::of(m, n)).as_slice() {
-                    let mut out = vec![f32::NAN; m * rows];
-                    matmul_on(
-                        Some(*path),
-                        w,
-                        n,
-                        weights,
-                        0..rows,
-                        &acts,
-                        m,
-                        &mut out,
-                        rows,
-                    );
-                    for (i, (x, y)) in out.iter().zip(&alone).enumerate() {
-                        assert_eq!(
-                            x.to_bits(),
-                            y.to_bits(),
-                            "{w} n={n} m={m} {} value {i}: {x} vs {y} alone ({rb} bytes a row)",
-                            path.name()
-                        );
-                    }
-                }
+                same_bits_as_alone(w, n, weights, rows, &acts, m);
             }
         }
     }
@@ -709,7 +681,6 @@ fn legacy_format_paths_agree_to_the_bit() {
                 }
             }
             let weights = &buf[1..];
-            let ab = act_bytes(w, n);
             for m in [1usize, 2, 5, 8, 17] {
                 let mut acts = Vec::new();
                 for t in 0..m {
@@ -723,48 +694,53 @@ fn legacy_format_paths_agree_to_the_bit() {
                     }
                     acts.extend(a);
                 }
-                let mut alone = vec![0f32; m * rows];
-                let plain = select::Path {
-                    fused: select::Fused::Avx2,
-                    prefetch: true,
-                };
-                for t in 0..m {
-                    let o = &mut alone[t * rows..(t + 1) * rows];
-                    let act = &acts[t * ab..(t + 1) * ab];
-                    matvec_on(Some(plain), w, n, weights, 0..rows, act, o);
-                }
-                let paths = select::candidates(w, Shape::of(m, n));
-                let same_order = paths
-                    .as_slice()
-                    .iter()
-                    .filter(|p| p.fused != select::Fused::Avx512Vnni512);
-                for path in same_order {
-                    let mut out = vec![f32::NAN; m * rows];
-                    if m == 1 {
-                        matvec_on(Some(*path), w, n, weights, 0..rows, &acts, &mut out);
-                    } else {
-                        matmul_on(
-                            Some(*path),
-                            w,
-                            n,
-                            weights,
-                            0..rows,
-                            &acts,
-                            m,
-                            &mut out,
-                            rows,
-                        );
-                    }
-                    for (i, (x, y)) in out.iter().zip(&alone).enumerate() {
-                        assert_eq!(
-                            x.to_bits(),
-                            y.to_bits(),
-                            "{w} n={n} m={m} {} value {i}: {x} vs {y} alone",
-                            path.name()
-                        );
-                    }
-                }
+                same_bits_as_alone(w, n, weights, rows, &acts, m);
             }
+        }
+    }
+}
+
+/// Asserts that every candidate path of `w` at the shape of `m` tokens (but the opt-in
+/// 512-bit tile of the 32-value formats, which sums in its own order) gives each token
+/// exactly what a matvec of that token alone gives on the AVX2 path.
+fn same_bits_as_alone(w: G, n: usize, weights: &[u8], rows: usize, acts: &[u8], m: usize) {
+    let ab = act_bytes(w, n);
+    let plain = select::Path {
+        fused: select::Fused::Avx2,
+        prefetch: true,
+    };
+    let mut alone = vec![0f32; m * rows];
+    for t in 0..m {
+        let o = &mut alone[t * rows..(t + 1) * rows];
+        matvec_on(
+            Some(plain),
+            w,
+            n,
+            weights,
+            0..rows,
+            &acts[t * ab..(t + 1) * ab],
+            o,
+        );
+    }
+    let paths = select::candidates(w, Shape::of(m, n));
+    let same_order = paths
+        .as_slice()
+        .iter()
+        .filter(|p| p.fused != select::Fused::Avx512Vnni512);
+    for path in same_order {
+        let mut out = vec![f32::NAN; m * rows];
+        if m == 1 {
+            matvec_on(Some(*path), w, n, weights, 0..rows, acts, &mut out);
+        } else {
+            matmul_on(Some(*path), w, n, weights, 0..rows, acts, m, &mut out, rows);
+        }
+        for (i, (x, y)) in out.iter().zip(&alone).enumerate() {
+            assert_eq!(
+                x.to_bits(),
+                y.to_bits(),
+                "{w} n={n} m={m} {} value {i}: {x} vs {y} alone",
+                path.name()
+            );
         }
     }
 }

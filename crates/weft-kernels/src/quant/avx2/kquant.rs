@@ -28,37 +28,52 @@ pub const VEX: u8 = 1;
 /// e.g. AMD Zen 4, which runs 256-bit EVEX ops at full rate).
 pub const EVEX: u8 = 2;
 
-/// `acc + madd(p, s)`: i16 pairs times the scales, summed into i32 lanes. Fused forms are
-/// written as asm so the AVX2 driver around them needs no extra target feature
-/// (intrinsics would not inline into it); exact either way.
+/// `acc + OP(x, y)` as the VNNI instruction `$op` on 256-bit registers, in the encoding
+/// `$f` says (VEX or EVEX); any other `$f` runs `$plain`. Written as asm so the AVX2
+/// driver around it needs no extra target feature (intrinsics would not inline into it).
+macro_rules! fused {
+    ($op:literal, $f:expr, $acc:expr, $x:expr, $y:expr, $plain:expr) => {{
+        let mut acc = $acc;
+        // SAFETY (both asm blocks): register-only; the caller takes a fused form only
+        // after detecting the CPU feature it needs.
+        match $f {
+            VEX => unsafe {
+                std::arch::asm!(
+                    concat!("{{vex}} ", $op, " {acc}, {x}, {y}"),
+                    acc = inout(ymm_reg) acc,
+                    x = in(ymm_reg) $x,
+                    y = in(ymm_reg) $y,
+                    options(pure, nomem, nostack, preserves_flags)
+                );
+            },
+            EVEX => unsafe {
+                std::arch::asm!(
+                    concat!("{{evex}} ", $op, " {acc}, {x}, {y}"),
+                    acc = inout(ymm_reg) acc,
+                    x = in(ymm_reg) $x,
+                    y = in(ymm_reg) $y,
+                    options(pure, nomem, nostack, preserves_flags)
+                );
+            },
+            _ => acc = $plain,
+        }
+        acc
+    }};
+}
+
+/// `acc + madd(p, s)`: i16 pairs times the scales, summed into i32 lanes (`vpdpwssd`
+/// fused); exact either way.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 fn madd_acc<const F: u8>(acc: __m256i, p: __m256i, s: __m256i) -> __m256i {
-    let mut acc = acc;
-    // SAFETY (both asm blocks): register-only; the caller takes a fused form only after
-    // detecting the CPU feature it needs.
-    match F {
-        VEX => unsafe {
-            std::arch::asm!(
-                "{{vex}} vpdpwssd {acc}, {p}, {s}",
-                acc = inout(ymm_reg) acc,
-                p = in(ymm_reg) p,
-                s = in(ymm_reg) s,
-                options(pure, nomem, nostack, preserves_flags)
-            );
-        },
-        EVEX => unsafe {
-            std::arch::asm!(
-                "{{evex}} vpdpwssd {acc}, {p}, {s}",
-                acc = inout(ymm_reg) acc,
-                p = in(ymm_reg) p,
-                s = in(ymm_reg) s,
-                options(pure, nomem, nostack, preserves_flags)
-            );
-        },
-        _ => acc = _mm256_add_epi32(acc, _mm256_madd_epi16(p, s)),
-    }
-    acc
+    fused!(
+        "vpdpwssd",
+        F,
+        acc,
+        p,
+        s,
+        _mm256_add_epi32(acc, _mm256_madd_epi16(p, s))
+    )
 }
 
 /// `acc + dot4(u, a)`: unsigned bytes times signed bytes, four products summed into each
@@ -67,36 +82,17 @@ fn madd_acc<const F: u8>(acc: __m256i, p: __m256i, s: __m256i) -> __m256i {
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(super) fn dpbusd_acc<const F: u8>(acc: __m256i, u: __m256i, a: __m256i) -> __m256i {
-    let mut acc = acc;
-    // SAFETY (both asm blocks): register-only; the caller takes a fused form only after
-    // detecting the CPU feature it needs.
-    match F {
-        VEX => unsafe {
-            std::arch::asm!(
-                "{{vex}} vpdpbusd {acc}, {u}, {a}",
-                acc = inout(ymm_reg) acc,
-                u = in(ymm_reg) u,
-                a = in(ymm_reg) a,
-                options(pure, nomem, nostack, preserves_flags)
-            );
-        },
-        EVEX => unsafe {
-            std::arch::asm!(
-                "{{evex}} vpdpbusd {acc}, {u}, {a}",
-                acc = inout(ymm_reg) acc,
-                u = in(ymm_reg) u,
-                a = in(ymm_reg) a,
-                options(pure, nomem, nostack, preserves_flags)
-            );
-        },
-        _ => {
-            acc = _mm256_add_epi32(
-                acc,
-                _mm256_madd_epi16(_mm256_maddubs_epi16(u, a), _mm256_set1_epi16(1)),
-            )
-        }
-    }
-    acc
+    fused!(
+        "vpdpbusd",
+        F,
+        acc,
+        u,
+        a,
+        _mm256_add_epi32(
+            acc,
+            _mm256_madd_epi16(_mm256_maddubs_epi16(u, a), _mm256_set1_epi16(1)),
+        )
+    )
 }
 
 /// `pshufb` pattern that repeats i16 lane `j` of each 128-bit half (broadcasts scale j).

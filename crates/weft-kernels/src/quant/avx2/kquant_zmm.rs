@@ -55,9 +55,14 @@ fn fold(v: __m512i) -> __m256i {
 /// Levels of chunk c (64 values, two 32-value sub-blocks) of a Q4_K or Q5_K block.
 trait LevelsZ {
     const WB: usize;
+    /// Whatever the block keeps for all four chunks (Q5_K's qh, in both halves).
+    ///
+    /// # Safety
+    /// `wp` points to a readable block.
+    unsafe fn high_bits(wp: *const u8) -> __m512i;
     /// # Safety
     /// `wp` points to a readable block; c < 4.
-    unsafe fn levels(wp: *const u8, c: usize) -> __m512i;
+    unsafe fn levels(wp: *const u8, hbits: __m512i, c: usize) -> __m512i;
 }
 
 pub struct Q4KZ;
@@ -69,7 +74,13 @@ impl LevelsZ for Q4KZ {
 
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vnni")]
-    unsafe fn levels(wp: *const u8, c: usize) -> __m512i {
+    unsafe fn high_bits(_wp: *const u8) -> __m512i {
+        _mm512_setzero_si512()
+    }
+
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vnni")]
+    unsafe fn levels(wp: *const u8, _hbits: __m512i, c: usize) -> __m512i {
         // SAFETY: qs is bytes 16..144; chunk c is 32 of them. Low nibbles are the even
         // sub-block, high nibbles the odd one.
         let q = unsafe { load256(wp.add(16 + 32 * c)) };
@@ -82,16 +93,24 @@ impl LevelsZ for Q5KZ {
 
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vnni")]
-    unsafe fn levels(wp: *const u8, c: usize) -> __m512i {
-        // SAFETY: qh is bytes 16..48, qs bytes 48..176 (chunk c is 32 of them).
-        let (qh, q) = unsafe { (load256(wp.add(16)), load256(wp.add(48 + 32 * c))) };
+    unsafe fn high_bits(wp: *const u8) -> __m512i {
+        // SAFETY: qh is bytes 16..48.
+        let qh = unsafe { load256(wp.add(16)) };
+        join(qh, qh)
+    }
+
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vnni")]
+    unsafe fn levels(wp: *const u8, hbits: __m512i, c: usize) -> __m512i {
+        // SAFETY: qs is bytes 48..176; chunk c is 32 of them.
+        let q = unsafe { load256(wp.add(48 + 32 * c)) };
         let low = _mm512_and_si512(join(q, _mm256_srli_epi16::<4>(q)), _mm512_set1_epi8(0x0F));
         // Bit 2c of qh[l] is the fifth bit of value 64c+l, bit 2c+1 that of 64c+32+l.
         let bits = join(
             _mm256_set1_epi8((1u8 << (2 * c)) as i8),
             _mm256_set1_epi8((2u8 << (2 * c)) as i8),
         );
-        let fifth = _mm512_test_epi8_mask(join(qh, qh), bits);
+        let fifth = _mm512_test_epi8_mask(hbits, bits);
         _mm512_or_si512(low, _mm512_maskz_mov_epi8(fifth, _mm512_set1_epi8(0x10)))
     }
 }
@@ -166,9 +185,10 @@ unsafe fn k4_tile<L: LevelsZ, const R: usize, const T: usize>(
                 let (scales, mins) = scales_mins_k4(wp.add(4));
                 // Scale k as i16 at bytes 2k, 2k+1 (below 64, so the high byte is 0).
                 let sc = _mm256_castsi256_si128(scales);
+                let hbits = L::high_bits(wp);
                 let mut isum = [_mm512_setzero_si512(); T];
                 for c in 0..4 {
-                    let w = L::levels(wp, c);
+                    let w = L::levels(wp, hbits, c);
                     let s = scale_lanes(sc, k4_scale_pick(c));
                     for (t, sum) in isum.iter_mut().enumerate() {
                         let qs = acts[t].add(b * Q8_K_AB + Q8_K_QS + 64 * c);
