@@ -27,6 +27,9 @@ pub struct NodeWork {
     /// While a shard loads: layers (and the head) done, of how many.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub loading: Option<[u32; 2]>,
+    /// While its shard's bytes are fetched from other machines: bytes done, of how many.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fetching: Option<[u64; 2]>,
 }
 
 /// The node's side: updated by the stepper and the loader, read by the beat thread.
@@ -39,6 +42,9 @@ pub struct WorkCounters {
     loading: AtomicBool,
     load_done: AtomicU32,
     load_total: AtomicU32,
+    fetching: AtomicBool,
+    fetch_done: AtomicU64,
+    fetch_total: AtomicU64,
 }
 
 impl Default for WorkCounters {
@@ -51,6 +57,9 @@ impl Default for WorkCounters {
             loading: AtomicBool::new(false),
             load_done: AtomicU32::new(0),
             load_total: AtomicU32::new(0),
+            fetching: AtomicBool::new(false),
+            fetch_done: AtomicU64::new(0),
+            fetch_total: AtomicU64::new(0),
         }
     }
 }
@@ -72,9 +81,17 @@ impl WorkCounters {
         self.loading.store(true, Ordering::Relaxed);
     }
 
+    /// The shard's missing bytes are being fetched: `done` of `total` so far.
+    pub fn fetch_progress(&self, done: u64, total: u64) {
+        self.fetch_done.store(done, Ordering::Relaxed);
+        self.fetch_total.store(total, Ordering::Relaxed);
+        self.fetching.store(true, Ordering::Relaxed);
+    }
+
     /// The load ended (loaded or failed).
     pub fn load_ended(&self) {
         self.loading.store(false, Ordering::Relaxed);
+        self.fetching.store(false, Ordering::Relaxed);
     }
 
     pub fn snapshot(&self) -> NodeWork {
@@ -87,6 +104,12 @@ impl WorkCounters {
                 [
                     self.load_done.load(Ordering::Relaxed),
                     self.load_total.load(Ordering::Relaxed),
+                ]
+            }),
+            fetching: self.fetching.load(Ordering::Relaxed).then(|| {
+                [
+                    self.fetch_done.load(Ordering::Relaxed),
+                    self.fetch_total.load(Ordering::Relaxed),
                 ]
             }),
         }
@@ -152,6 +175,7 @@ impl ActivityBoard {
         if let Ok(mut m) = self.nodes.lock() {
             if let Some(w) = m.get_mut(addr).and_then(|a| a.work.as_mut()) {
                 w.loading = None;
+                w.fetching = None;
             }
         }
     }
@@ -179,7 +203,9 @@ impl ActivityBoard {
             .iter()
             .filter(|(_, a)| !a.ended && a.heard.elapsed() <= silence)
             .map(|(addr, a)| {
-                let loading = a.work.is_some_and(|w| w.loading.is_some());
+                let loading = a
+                    .work
+                    .is_some_and(|w| w.loading.is_some() || w.fetching.is_some());
                 let state = if loading {
                     NodeState::Loading
                 } else {
@@ -198,7 +224,12 @@ impl ActivityBoard {
         match self.get(addr) {
             None => NodeState::Lost,
             Some(a) if a.ended || a.heard.elapsed() > silence => NodeState::Lost,
-            Some(a) if a.work.is_some_and(|w| w.loading.is_some()) => NodeState::Loading,
+            Some(a)
+                if a.work
+                    .is_some_and(|w| w.loading.is_some() || w.fetching.is_some()) =>
+            {
+                NodeState::Loading
+            }
             Some(_) => NodeState::Ready,
         }
     }

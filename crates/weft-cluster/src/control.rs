@@ -2,6 +2,7 @@
 //! connection (weft-comm's handshake) carrying length-prefixed JSON messages, with
 //! heartbeats beside them (`heartbeat::ControlLink`).
 
+use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::time::Duration;
 
@@ -39,6 +40,17 @@ pub struct NodePlan {
     pub transport: String,
     pub link_delay_us: f64,
     pub timeout_ms: u64,
+    /// Where to fetch the shard from when the node has no copy of the model.
+    #[serde(default)]
+    pub share: Option<ShareSpec>,
+}
+
+/// A model the coordinator shares: its content hash (the manifest's root) and the
+/// holders to ask, the coordinator's share port first, then the other nodes.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct ShareSpec {
+    pub root: String,
+    pub sources: Vec<String>,
 }
 
 fn no_expert_split() -> Vec<f64> {
@@ -94,6 +106,9 @@ pub enum FromNode {
         /// Weight bytes of this node's shard.
         shard_bytes: u64,
         rss_bytes: u64,
+        /// What the node fetched for this shard (None: it read its own copy).
+        #[serde(default)]
+        fetched: Option<weft_share::FetchReport>,
     },
     Failed {
         error: String,
@@ -109,8 +124,37 @@ pub enum FromNode {
     },
 }
 
+/// What an authenticated connection to a node's control port is for: the first byte after
+/// the handshake says.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Channel {
+    /// Control messages with heartbeats (`heartbeat::ControlLink`).
+    Control,
+    /// Shard pieces (`share.rs`'s requests and replies).
+    Share,
+}
+
+impl Channel {
+    fn byte(self) -> u8 {
+        match self {
+            Channel::Control => b'C',
+            Channel::Share => b'S',
+        }
+    }
+}
+
 /// The coordinator's side: connect to a node and authenticate.
 pub fn dial(addr: &str, secret: &[u8], timeout: Duration) -> Result<TcpStream, String> {
+    dial_channel(addr, secret, timeout, Channel::Control)
+}
+
+/// Connects to a node's (or a coordinator's share) port for `channel`, authenticated.
+pub fn dial_channel(
+    addr: &str,
+    secret: &[u8],
+    timeout: Duration,
+    channel: Channel,
+) -> Result<TcpStream, String> {
     use std::net::ToSocketAddrs;
     let target = addr
         .to_socket_addrs()
@@ -121,11 +165,25 @@ pub fn dial(addr: &str, secret: &[u8], timeout: Duration) -> Result<TcpStream, S
         TcpStream::connect_timeout(&target, timeout).map_err(|e| format!("connecting: {e}"))?;
     s.set_nodelay(true).map_err(|e| e.to_string())?;
     handshake(&mut s, &Hello::new(0, 2), secret, Some(1), timeout)?;
+    s.write_all(&[channel.byte()])
+        .map_err(|e| format!("sending the channel byte: {e}"))?;
     Ok(s)
 }
 
-/// The node's side of a fresh control connection.
-pub fn accept(s: &mut TcpStream, secret: &[u8], timeout: Duration) -> Result<(), String> {
+/// The node's side of a fresh control connection: authenticates, then reads which
+/// channel the caller wants.
+pub fn accept(s: &mut TcpStream, secret: &[u8], timeout: Duration) -> Result<Channel, String> {
     s.set_nodelay(true).map_err(|e| e.to_string())?;
-    handshake(s, &Hello::new(1, 2), secret, None, timeout).map(|_| ())
+    handshake(s, &Hello::new(1, 2), secret, None, timeout)?;
+    s.set_read_timeout(Some(timeout))
+        .map_err(|e| e.to_string())?;
+    let mut b = [0u8; 1];
+    s.read_exact(&mut b)
+        .map_err(|e| format!("reading the channel byte: {e}"))?;
+    s.set_read_timeout(None).map_err(|e| e.to_string())?;
+    match b[0] {
+        b'C' => Ok(Channel::Control),
+        b'S' => Ok(Channel::Share),
+        x => Err(format!("unknown channel byte {x:#04x}")),
+    }
 }

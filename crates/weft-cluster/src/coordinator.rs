@@ -46,6 +46,9 @@ pub struct ClusterOptions {
     /// Where the nodes' beats (their work, their loading, their end) are kept for a
     /// watcher such as the dashboard; None: nobody watches.
     pub activity: Option<Arc<ActivityBoard>>,
+    /// The coordinator's share server over its model file: nodes without a copy fetch
+    /// their shards from it and from each other. None: every node must hold the file.
+    pub share: Option<Arc<crate::share::ShareHost>>,
 }
 
 /// What one node reported when the cluster stopped.
@@ -71,6 +74,8 @@ pub struct Cluster {
     liveness: Arc<Liveness>,
     shard_bytes: Vec<u64>,
     load_rss: Vec<u64>,
+    /// What each node fetched of its shard (None: it had the file).
+    fetched: Vec<Option<weft_share::FetchReport>>,
     opts: ClusterOptions,
     pos: usize,
     /// The single sequence's merged logits (`Backend`).
@@ -167,6 +172,15 @@ impl Cluster {
         for (i, addr) in peers.iter().enumerate() {
             let c = connect(addr, &opts.secret, &liveness, i + 1, opts.activity.as_ref())?;
             let stage = i / layout.width();
+            let share = match &opts.share {
+                Some(host) => Some(crate::control::ShareSpec {
+                    root: host.root().to_string(),
+                    sources: std::iter::once(format!("{}:{}", c.local_ip()?, host.port))
+                        .chain(peers.iter().filter(|p| *p != addr).cloned())
+                        .collect(),
+                }),
+                None => None,
+            };
             let plan = NodePlan {
                 model: opts.model.clone(),
                 rank: i + 1,
@@ -185,6 +199,7 @@ impl Cluster {
                 transport: opts.transport.clone(),
                 link_delay_us: opts.link_delay_us,
                 timeout_ms: opts.timeout.as_millis() as u64,
+                share,
             };
             c.send(&ToNode::Plan(Box::new(plan)))
                 .map_err(|e| format!("node {addr}: {e}"))?;
@@ -192,6 +207,7 @@ impl Cluster {
         }
         let mut addrs = vec![String::new()];
         let (mut shard_bytes, mut load_rss) = (Vec::new(), Vec::new());
+        let mut fetched = Vec::new();
         // Loading may take long: nodes beat while they load, and only silence fails.
         for (c, addr) in controls.iter().zip(peers) {
             match c
@@ -202,7 +218,23 @@ impl Cluster {
                     data_addr,
                     shard_bytes: b,
                     rss_bytes,
+                    fetched: f,
                 } => {
+                    if let Some(f) = &f {
+                        tracing::info!(
+                            "node {addr} fetched {} bytes of its shard in {:.2} s ({} of {} pieces held already): {}",
+                            f.fetched_bytes,
+                            f.seconds,
+                            f.already,
+                            f.wanted,
+                            f.sources
+                                .iter()
+                                .map(|s| format!("{} from {}", s.bytes, s.name))
+                                .collect::<Vec<_>>()
+                                .join(", ")
+                        );
+                    }
+                    fetched.push(f);
                     if let Some(board) = &opts.activity {
                         board.loaded(addr);
                     }
@@ -234,6 +266,7 @@ impl Cluster {
             liveness,
             shard_bytes,
             load_rss,
+            fetched,
             row: MergedRow::new(opts.n_vocab),
             rows: Vec::new(),
             resets: vec![true; opts.slots.max(1)],
@@ -248,6 +281,11 @@ impl Cluster {
             stopped: false,
             blamed: None,
         })
+    }
+
+    /// What each node fetched of its shard when the cluster formed (None: its own copy).
+    pub fn fetched(&self) -> &[Option<weft_share::FetchReport>] {
+        &self.fetched
     }
 
     pub fn layout(&self) -> &Layout {

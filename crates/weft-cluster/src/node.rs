@@ -18,8 +18,9 @@ use weft_model::memory::human_bytes;
 use weft_model::{granularity, KvCache, Model, ModelConfig, SeqSpan, ShardSpec, StageSplit};
 
 use crate::activity::WorkCounters;
-use crate::control::{self, FromNode, NodePlan, SurveyRequest, ToNode};
+use crate::control::{self, FromNode, NodePlan, ShareSpec, SurveyRequest, ToNode};
 use crate::heartbeat::{ControlLink, Hooks};
+use crate::share::NodeShards;
 use crate::stage::StageCollective;
 use crate::step::{
     encode_top_k, reply_bytes, StepHeader, HEADER_BYTES, KIND_BATCH, KIND_STOP, SPAN_BYTES,
@@ -66,6 +67,16 @@ pub struct NodeOptions {
     pub slowdown: f64,
     /// The member list this node keeps and answers membership requests from (`discovery`).
     pub membership: Option<Arc<crate::discovery::Membership>>,
+    /// Bytes the shard cache (`home`/shards) may take; least recently used models are
+    /// evicted past it. None: no limit.
+    pub cache_limit: Option<u64>,
+}
+
+impl NodeOptions {
+    /// Where this node caches fetched shards.
+    pub fn shards_dir(&self) -> Option<PathBuf> {
+        self.home.as_ref().map(|h| h.join("shards"))
+    }
 }
 
 /// The file a coordinator named, if it lies in one of the node's model directories (after
@@ -148,6 +159,7 @@ pub fn serve(listener: TcpListener, opts: NodeOptions) -> ! {
     let gate = Arc::new(Gate::default());
     // What this node's beats report: one session at a time, so one set for the process.
     let work = Arc::new(WorkCounters::default());
+    let shards = opts.shards_dir().map(|d| Arc::new(NodeShards::new(d)));
     if let Some(home) = opts.home.clone() {
         // The model files' content hashes, for surveys; a failure only leaves them out.
         let _ = std::thread::Builder::new()
@@ -157,9 +169,10 @@ pub fn serve(listener: TcpListener, opts: NodeOptions) -> ! {
     {
         let (secret, gate, work) = (opts.secret.clone(), gate.clone(), work.clone());
         let members = opts.membership.clone();
+        let shards = shards.clone();
         if let Err(e) = std::thread::Builder::new()
             .name("weft-accept".into())
-            .spawn(move || accept_loop(listener, secret, tx, gate, members, work))
+            .spawn(move || accept_loop(listener, secret, tx, gate, members, work, shards))
         {
             tracing::error!("cannot start the accept thread: {e}");
             std::process::exit(1);
@@ -172,7 +185,7 @@ pub fn serve(listener: TcpListener, opts: NodeOptions) -> ! {
             std::process::exit(1);
         };
         tracing::info!("coordinator {} connected", acc.from);
-        match session(&acc, &opts, ip, &mut cache, &work) {
+        match session(&acc, &opts, ip, &mut cache, &work, shards.as_deref()) {
             Ok(()) => tracing::info!("coordinator {} finished", acc.from),
             Err(e) => {
                 tracing::warn!("request from {} failed: {e}", acc.from);
@@ -194,6 +207,7 @@ fn accept_loop(
     gate: Arc<Gate>,
     members: Option<Arc<crate::discovery::Membership>>,
     work: Arc<WorkCounters>,
+    shards: Option<Arc<NodeShards>>,
 ) {
     let pending: Arc<Mutex<VecDeque<(u64, TcpStream)>>> = Arc::default();
     let next_id = AtomicU64::new(0);
@@ -222,7 +236,7 @@ fn accept_loop(
         }
         let (secret, tx, gate, pending) =
             (secret.clone(), tx.clone(), gate.clone(), pending.clone());
-        let (members, work) = (members.clone(), work.clone());
+        let (members, work, shards) = (members.clone(), work.clone(), shards.clone());
         let spawned = std::thread::Builder::new()
             .name("weft-handshake".into())
             .spawn(move || {
@@ -241,13 +255,26 @@ fn accept_loop(
                     tracing::debug!("connection from {from} was evicted during its handshake");
                     return;
                 }
-                if let Err(e) = proved {
-                    if e.contains("secret") {
-                        tracing::warn!("refused coordinator {from}: {e}");
-                    } else {
-                        tracing::debug!("dropped connection from {from}: {e}");
+                match proved {
+                    Err(e) => {
+                        if e.contains("secret") {
+                            tracing::warn!("refused coordinator {from}: {e}");
+                        } else {
+                            tracing::debug!("dropped connection from {from}: {e}");
+                        }
+                        return;
                     }
-                    return;
+                    // Another node fetching pieces of a shard this node holds.
+                    Ok(control::Channel::Share) => {
+                        match &shards {
+                            Some(sh) => crate::share::serve_share(stream, &**sh, &from),
+                            None => {
+                                tracing::debug!("{from} asked for shards; this node keeps none")
+                            }
+                        }
+                        return;
+                    }
+                    Ok(control::Channel::Control) => {}
                 }
                 let liveness = Arc::new(Liveness::new(MAX_RANKS, Some(0)));
                 let link = match ControlLink::start(stream, &from, node_hooks(&liveness, work)) {
@@ -339,6 +366,7 @@ fn session(
     ip: IpAddr,
     cache: &mut Option<Loaded>,
     work: &WorkCounters,
+    shards: Option<&NodeShards>,
 ) -> Result<(), String> {
     let ctl = &acc.link;
     let plan = match acc
@@ -357,9 +385,15 @@ fn session(
         ));
     }
     acc.liveness.limit_to(plan.group_size);
-    let path = match &opts.model {
-        Some(own) => own.clone(),
-        None => allowed_model(opts, &plan.model)?,
+    // The node's own copy if it has one; otherwise the shard is fetched from the holders
+    // the plan names (or the error says why neither works).
+    let source = match &opts.model {
+        Some(own) => ModelSource::Own(own.clone()),
+        None => match (allowed_model(opts, &plan.model), &plan.share) {
+            (Ok(p), _) => ModelSource::Own(p),
+            (Err(_), Some(share)) => ModelSource::Shared(share.clone()),
+            (Err(e), None) => return Err(e),
+        },
     };
     let threads = opts.threads.unwrap_or(plan.threads).max(1);
     if plan.slots == 0 || plan.slots > control::MAX_SLOTS {
@@ -371,7 +405,7 @@ fn session(
     }
     let key = format!(
         "{}|{}|{:?}|{}|{:?}|{}|{}|{}",
-        path.display(),
+        source.key(),
         plan.tp_rank,
         (&plan.tp_weights, &plan.ep_weights, plan.ep_spares),
         threads,
@@ -380,9 +414,20 @@ fn session(
         plan.ubatch,
         plan.slots
     );
+    let mut fetched = None;
     if cache.as_ref().map(|c| c.key != key).unwrap_or(true) {
         *cache = None; // free the old shard before loading the new one
-        let loaded = load(&path, &plan, threads, opts.memory_limit, key, work);
+        let file = match &source {
+            ModelSource::Own(path) => GgufFile::open(path)
+                .map(Arc::new)
+                .map_err(|e| e.to_string()),
+            ModelSource::Shared(share) => fetch_for(share, opts, shards, &plan, work).map(|f| {
+                let file = f.file.clone();
+                fetched = Some(f.report);
+                file
+            }),
+        };
+        let loaded = file.and_then(|f| load(f, &plan, threads, opts.memory_limit, key, work));
         work.load_ended();
         *cache = Some(loaded?);
     }
@@ -396,6 +441,7 @@ fn session(
         // Resident now, not the peak: a survey before (timing kernels over buffers since
         // freed) would swell the peak; the peak is reported when the session stops.
         rss_bytes: crate::procinfo::rss_bytes().unwrap_or(0),
+        fetched,
     })?;
     let addrs = match ctl.recv(CONTROL_SILENCE)? {
         ToNode::Go { addrs } => addrs,
@@ -506,8 +552,65 @@ pub(crate) fn group_options(
     })
 }
 
+/// Where a node's model comes from.
+enum ModelSource {
+    /// A file it holds.
+    Own(PathBuf),
+    /// Fetched from the holders into its shard cache.
+    Shared(ShareSpec),
+}
+
+impl ModelSource {
+    fn key(&self) -> String {
+        match self {
+            ModelSource::Own(p) => p.display().to_string(),
+            ModelSource::Shared(s) => format!("shared:{}", s.root),
+        }
+    }
+}
+
+/// The shard a plan gives this node.
+fn plan_shard(file: &GgufFile, plan: &NodePlan) -> Result<ShardSpec, String> {
+    let cfg = ModelConfig::from_gguf(file).map_err(|e| e.to_string())?;
+    let gran = granularity(file, &cfg).map_err(|e| e.to_string())?;
+    let (a, b) = plan.layers;
+    let split = StageSplit {
+        tp_weights: plan.tp_weights.clone(),
+        ep_weights: plan.ep_weights.clone(),
+        ep_spares: plan.ep_spares,
+    };
+    Ok(ShardSpec::stage(&cfg, gran, plan.tp_rank, &split)
+        .map_err(|e| e.to_string())?
+        .with_layers(a..b))
+}
+
+/// Fetches the plan's shard into this node's cache, then keeps the cache under its limit.
+fn fetch_for(
+    share: &ShareSpec,
+    opts: &NodeOptions,
+    shards: Option<&NodeShards>,
+    plan: &NodePlan,
+    work: &WorkCounters,
+) -> Result<crate::node_fetch::Fetched, String> {
+    let shards = shards
+        .ok_or("this node has no copy of the model and no weft home to fetch its shard into")?;
+    let dry = |file: Arc<GgufFile>| {
+        let shard = plan_shard(&file, plan)?;
+        Model::load(file, shard, plan.ubatch)
+            .map(drop)
+            .map_err(|e| e.to_string())
+    };
+    let f = crate::node_fetch::fetch_shard(share, &opts.secret, shards, work, &dry)?;
+    if let Some(limit) = opts.cache_limit {
+        for gone in weft_share::cache::evict(&shards.dir, limit, &f.root) {
+            shards.forget(&gone.root);
+        }
+    }
+    Ok(f)
+}
+
 fn load(
-    path: &PathBuf,
+    file: Arc<GgufFile>,
     plan: &NodePlan,
     threads: usize,
     memory_limit: Option<u64>,
@@ -515,18 +618,9 @@ fn load(
     work: &WorkCounters,
 ) -> Result<Loaded, String> {
     let t = Instant::now();
-    let file = Arc::new(GgufFile::open(path).map_err(|e| e.to_string())?);
-    let cfg = ModelConfig::from_gguf(&file).map_err(|e| e.to_string())?;
-    let gran = granularity(&file, &cfg).map_err(|e| e.to_string())?;
+    let path = file.path().to_path_buf();
     let (a, b) = plan.layers;
-    let split = StageSplit {
-        tp_weights: plan.tp_weights.clone(),
-        ep_weights: plan.ep_weights.clone(),
-        ep_spares: plan.ep_spares,
-    };
-    let shard = ShardSpec::stage(&cfg, gran, plan.tp_rank, &split)
-        .map_err(|e| e.to_string())?
-        .with_layers(a..b);
+    let shard = plan_shard(&file, plan)?;
     // Loading maps the file and copies only column-split blocks; no weight is read yet.
     // Test aid: each layer's load takes this much longer, so tests can watch a shard
     // load (a large model's takes minutes). Unset in normal use.

@@ -9,7 +9,7 @@ mod value;
 mod writer;
 
 pub use error::{FormatError, GgufError};
-pub use reader::{GgufFile, TensorInfo, DEFAULT_ALIGNMENT};
+pub use reader::{GgufFile, PartLayout, PartialData, TensorInfo, DEFAULT_ALIGNMENT};
 pub use split::{split_part_path, KEY_SPLIT_COUNT, KEY_SPLIT_NO, KEY_SPLIT_TENSORS};
 pub use types::GgmlType;
 pub use value::{Array, Value};

@@ -4,6 +4,7 @@ use std::collections::HashMap;
 use std::fs::File;
 use std::ops::Range;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use memmap2::Mmap;
 
@@ -70,6 +71,35 @@ pub(crate) struct Part {
     pub(crate) base: usize,
 }
 
+/// One file of a model as `GgufFile::part_layout` describes it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct PartLayout {
+    pub path: PathBuf,
+    pub len: u64,
+    /// Where the part starts in the model's byte space (the parts laid end to end).
+    pub base: u64,
+    /// Bytes before the part's data section: magic, metadata, tensor index, padding.
+    pub header_len: u64,
+}
+
+/// Where the tensor data of a partial copy of a model lies (a node's shard cache holds only
+/// its shard's bytes): every range a shard borrows is checked present, so a missing byte is
+/// an error naming it rather than a zero read from a hole, and column-split blocks come
+/// from wherever the partial copy keeps them (weft-share's strip store).
+pub trait PartialData: Send + Sync {
+    /// `Err(why)` unless every byte of `r` (the model's byte space) is held.
+    fn check(&self, r: Range<usize>) -> Result<(), String>;
+    /// Columns `cols` (block-aligned) of rows `rows` of the tensor at `index` in the
+    /// tensor list, gathered row after row as `GgufFile::copy_columns` gives them.
+    fn columns(
+        &self,
+        index: usize,
+        t: &TensorInfo,
+        rows: Range<usize>,
+        cols: Range<usize>,
+    ) -> Result<Vec<u8>, String>;
+}
+
 /// An open GGUF model: one file, or every part of one split by llama.cpp's gguf-split.
 /// Tensor data stays in the page cache until a shard touches it.
 pub struct GgufFile {
@@ -84,6 +114,8 @@ pub struct GgufFile {
     pub(crate) tensors: Vec<TensorInfo>,
     pub(crate) tensor_index: HashMap<String, usize>,
     pub(crate) data_offset: u64,
+    /// Set for a partial copy: tensor data reads go through it.
+    partial: Option<Arc<dyn PartialData>>,
 }
 
 impl GgufFile {
@@ -115,6 +147,7 @@ impl GgufFile {
                     .collect(),
                 tensors: h.tensors,
                 data_offset: h.data_offset,
+                partial: None,
             }),
             Err(error) => Err(GgufError::Format { path, error }),
         }
@@ -157,6 +190,24 @@ impl GgufFile {
                     .map(|p| (p.path.as_path(), p.backing.bytes().len() as u64)),
             )
             .collect()
+    }
+
+    /// Each part's path, length, start in the model's byte space and header length
+    /// (where its data section starts).
+    pub fn part_layout(&self) -> Vec<PartLayout> {
+        std::iter::once(PartLayout {
+            path: self.path.clone(),
+            len: self.bytes().len() as u64,
+            base: 0,
+            header_len: self.data_offset,
+        })
+        .chain(self.more.iter().map(|p| PartLayout {
+            path: p.path.clone(),
+            len: p.backing.bytes().len() as u64,
+            base: p.base as u64,
+            header_len: p.data_offset,
+        }))
+        .collect()
     }
 
     /// Where tensor `t`'s data starts in the model's byte space.
@@ -282,10 +333,45 @@ impl GgufFile {
         self.data_offset
     }
 
-    /// All of one tensor's bytes (validated against its part's length at open).
-    pub fn tensor_bytes(&self, t: &TensorInfo) -> &[u8] {
+    /// Routes tensor data reads through `p`: this file is a partial copy.
+    pub fn set_partial(&mut self, p: Arc<dyn PartialData>) {
+        self.partial = Some(p);
+    }
+
+    /// Whether tensor data reads go through a partial copy's checks.
+    pub fn is_partial(&self) -> bool {
+        self.partial.is_some()
+    }
+
+    /// Where tensor `t`'s bytes lie in the model's byte space.
+    pub fn tensor_range(&self, t: &TensorInfo) -> Range<usize> {
         let start = self.data_base(t) as usize;
-        self.slice(start..start + t.n_bytes as usize)
+        start..start + t.n_bytes as usize
+    }
+
+    /// All of one tensor's bytes (validated against its part's length at open). For a
+    /// partial copy use `tensor_data`, which says when they are not held.
+    pub fn tensor_bytes(&self, t: &TensorInfo) -> &[u8] {
+        self.slice(self.tensor_range(t))
+    }
+
+    /// All of one tensor's bytes, or an error naming it where a partial copy lacks them.
+    pub fn tensor_data(&self, t: &TensorInfo) -> Result<&[u8], GgufError> {
+        let r = self.tensor_range(t);
+        self.check_held(t, r.clone())?;
+        Ok(self.slice(r))
+    }
+
+    fn check_held(&self, t: &TensorInfo, r: Range<usize>) -> Result<(), GgufError> {
+        match &self.partial {
+            Some(p) => p.check(r).map_err(|detail| {
+                self.err(FormatError::BadShard {
+                    tensor: t.name.clone(),
+                    detail,
+                })
+            }),
+            None => Ok(()),
+        }
     }
 
     /// Absolute byte range in the file of rows `rows` of a tensor: a row-split shard.
@@ -298,7 +384,9 @@ impl GgufFile {
         }
         let rb = t.row_bytes();
         let base = self.data_base(t) as usize;
-        Ok(base + rows.start * rb..base + rows.end * rb)
+        let r = base + rows.start * rb..base + rows.end * rb;
+        self.check_held(t, r.clone())?;
+        Ok(r)
     }
 
     /// Copies columns `cols` of rows `rows` into one buffer (a column-split shard).
@@ -322,6 +410,19 @@ impl GgufFile {
                     t.row_len()
                 ),
             }));
+        }
+        if let Some(p) = &self.partial {
+            let index = self
+                .tensor_index
+                .get(&t.name)
+                .copied()
+                .unwrap_or(usize::MAX);
+            return p.columns(index, t, rows, cols).map_err(|detail| {
+                self.err(FormatError::BadShard {
+                    tensor: t.name.clone(),
+                    detail,
+                })
+            });
         }
         let range = self.row_range(t, rows.clone())?;
         let rb = t.row_bytes();

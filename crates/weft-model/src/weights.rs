@@ -301,7 +301,7 @@ pub fn load_matrix_f32(
 ) -> Result<Vec<f32>, ModelError> {
     Linear::check(file, name, n_in, n_out)?;
     let t = file.tensor(name)?;
-    let bytes = file.tensor_bytes(t);
+    let bytes = file.tensor_data(t)?;
     let rb = t.row_bytes();
     let mut out = vec![0f32; n_in * n_out];
     for (r, row) in out.chunks_exact_mut(n_in).enumerate() {
@@ -321,7 +321,7 @@ pub fn load_vector(file: &GgufFile, name: &str, n: usize) -> Result<Vec<f32>, Mo
         ));
     }
     let mut out = vec![0f32; n];
-    quant::dequantize_row(t.ty, file.tensor_bytes(t), &mut out);
+    quant::dequantize_row(t.ty, file.tensor_data(t)?, &mut out);
     Ok(out)
 }
 

@@ -95,7 +95,21 @@ fn run_cluster(a: &RunArgs, path: &std::path::Path) -> Result<()> {
     let g = g?;
     let stats = c.cluster.stop().map_err(|e| anyhow::anyhow!(e))?;
     let l = c.cluster.layout().clone();
+    let fetched = c.cluster.fetched().to_vec();
+    let sent = c.cluster.options().share.as_ref().map(|h| h.bytes_sent());
+    if !a.json {
+        for (addr, f) in c.peers.iter().zip(&fetched) {
+            if let Some(f) = f {
+                eprintln!("{}", crate::share_report::line(addr, f));
+            }
+        }
+        if let Some(sent) = sent.filter(|&s| s > 0) {
+            eprintln!("this coordinator sent {sent} bytes of shards");
+        }
+    }
     let extra = json!({
+        "fetched": fetched,
+        "share_sent_bytes": sent,
         "setup_s": setup_s,
         "nodes": c.peers,
         "tp": l.tp,

@@ -39,6 +39,10 @@ pub struct NodeArgs {
     /// or with a unit (500M, 1.5G, 2GiB).
     #[arg(long, value_parser = parse_size)]
     pub memory_limit: Option<u64>,
+    /// Bytes the shard cache (the weft home's shards/: pieces of models this node fetched
+    /// from other machines) may take; least recently used models are evicted past it.
+    #[arg(long, value_parser = parse_size)]
+    pub cache_limit: Option<u64>,
     /// Test aid: make every stretch of compute take F times as long (by spinning), to
     /// emulate a slower machine beside faster ones; the node's measured speeds say so.
     #[arg(long, default_value_t = 1.0)]
@@ -98,6 +102,7 @@ pub fn node(a: NodeArgs) -> Result<()> {
             model_dirs: a.models_dir,
             slowdown: a.slowdown,
             membership: Some(membership),
+            cache_limit: a.cache_limit,
         },
     )
 }

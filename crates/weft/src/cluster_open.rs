@@ -158,6 +158,17 @@ pub fn open(
         (None, Some(s)) => Some(predict_given(&file, &cfg, s, &layout, &workload)),
         _ => None,
     };
+    // Nodes reached with --peers may lack the model: they fetch their shards from this
+    // process's copy (and from each other). Local nodes (--nodes) read the file itself.
+    let share = if local.is_none() {
+        let manifest = weft_cluster::share::manifest_for(&file, Some(&crate::paths::weft_home()));
+        Some(
+            weft_cluster::share::ShareHost::start(file.clone(), manifest, secret.as_bytes())
+                .map_err(|e| anyhow!(e))?,
+        )
+    } else {
+        None
+    };
     let opts = ClusterOptions {
         secret: secret.into_bytes(),
         model: model.to_string_lossy().into_owned(),
@@ -172,6 +183,7 @@ pub fn open(
         top_k,
         logprobs,
         activity: board,
+        share,
     };
     let cluster = Cluster::connect(&peers, layout, opts).map_err(|e| anyhow!(e))?;
     Ok(Opened {

@@ -34,6 +34,7 @@ mod pull_hub;
 mod serve;
 mod serve_args;
 mod serve_cluster;
+mod share_report;
 mod simulate;
 mod simulate_args;
 mod simulate_this;
