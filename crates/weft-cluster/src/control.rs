@@ -51,6 +51,10 @@ pub struct NodePlan {
 pub struct ShareSpec {
     pub root: String,
     pub sources: Vec<String>,
+    /// Each part's URL on a Hugging Face–compatible hub, when the coordinator has no copy:
+    /// nodes fetch from it too, with HTTP Range requests (and their own HF_TOKEN).
+    #[serde(default)]
+    pub hub_urls: Vec<String>,
 }
 
 fn no_expert_split() -> Vec<f64> {

@@ -178,6 +178,7 @@ impl Cluster {
                     sources: std::iter::once(format!("{}:{}", c.local_ip()?, host.port))
                         .chain(peers.iter().filter(|p| *p != addr).cloned())
                         .collect(),
+                    hub_urls: host.hub_urls.clone(),
                 }),
                 None => None,
             };

@@ -20,6 +20,7 @@ pub mod procinfo;
 pub mod profile;
 pub mod resume;
 pub mod share;
+pub mod share_hub;
 pub mod stage;
 pub mod step;
 pub mod survey;

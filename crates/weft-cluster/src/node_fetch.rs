@@ -57,6 +57,14 @@ pub fn fetch_shard(
         )
     })?;
     let cache = shards.open(manifest)?;
+    if !spec.hub_urls.is_empty() {
+        let client = weft_hub::HubClient::from_env();
+        sources.push(Box::new(weft_hub::HubSource::new(
+            client,
+            spec.hub_urls.clone(),
+            cache.manifest.clone(),
+        )));
+    }
     let progress = |done: u64, total: u64| work.fetch_progress(done, total);
     let headers = cache.manifest.pieces_for(&Needs::default())?;
     let first = weft_share::fetch(&cache, &headers, &mut sources, &progress)?;

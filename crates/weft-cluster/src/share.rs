@@ -26,6 +26,7 @@ use crate::control::{self, Channel};
 const OP_MANIFEST: u8 = b'M';
 const OP_HOLDING: u8 = b'H';
 const OP_PIECES: u8 = b'P';
+const OP_LIST: u8 = b'L';
 const OK: u8 = 0;
 const ABSENT: u8 = 1;
 const ERROR: u8 = 2;
@@ -46,6 +47,14 @@ pub trait Holder: Send + Sync {
     fn manifest(&self, root: &str) -> Option<Vec<u8>>;
     fn holding(&self, root: &str) -> Option<Holding>;
     fn piece(&self, root: &str, p: Piece) -> Option<Vec<u8>>;
+    /// The models this holder caches (for `weft cluster status`).
+    fn caches(&self) -> Vec<weft_share::CacheEntry> {
+        Vec::new()
+    }
+    /// Bytes of pieces it has sent.
+    fn sent(&self) -> u64 {
+        0
+    }
 }
 
 fn encode_piece(p: Piece, out: &mut Vec<u8>) {
@@ -107,6 +116,11 @@ fn serve_requests(stream: TcpStream, holder: &dyn Holder) -> std::io::Result<()>
                 Some(m) => reply(&mut w, OK, &m)?,
                 None => reply(&mut w, ABSENT, b"")?,
             },
+            OP_LIST => reply(
+                &mut w,
+                OK,
+                &serde_json::to_vec(&holder.caches()).unwrap_or_default(),
+            )?,
             OP_HOLDING => match holder.holding(&root) {
                 Some(Holding::All) => reply(&mut w, OK, &[1])?,
                 Some(Holding::Some(set)) => {
@@ -349,6 +363,10 @@ impl Holder for FileHolder {
         self.sent.fetch_add(bytes.len() as u64, Ordering::Relaxed);
         Some(bytes)
     }
+
+    fn sent(&self) -> u64 {
+        self.sent.load(Ordering::Relaxed)
+    }
 }
 
 /// A node's shard caches (every model under its `shards/`), opened on first use and
@@ -421,17 +439,33 @@ impl Holder for NodeShards {
     fn piece(&self, root: &str, p: Piece) -> Option<Vec<u8>> {
         self.existing(root)?.get(p)
     }
+
+    fn caches(&self) -> Vec<weft_share::CacheEntry> {
+        weft_share::cache::list(&self.dir)
+    }
 }
 
-/// The coordinator's share server: its whole model file, on a port of its own.
+/// The models node `addr` caches, least recently used first.
+pub fn list_caches(addr: &str, secret: &[u8]) -> Result<Vec<weft_share::CacheEntry>, String> {
+    let mut p = PeerSource::new(addr, secret, &"0".repeat(64));
+    p.ask(OP_LIST, &[])?;
+    let (_, body) = p.read_reply()?;
+    serde_json::from_slice(&body).map_err(|e| format!("a malformed cache list: {e}"))
+}
+
+/// The coordinator's share server, on a port of its own: its whole model file, or (with
+/// the model on a hub) the manifest and headers it fetched.
 pub struct ShareHost {
-    pub holder: Arc<FileHolder>,
+    pub holder: Arc<dyn Holder>,
+    root: String,
     pub port: u16,
+    /// Each part's hub URL, when nodes fetch from the hub.
+    pub hub_urls: Vec<String>,
 }
 
 impl std::fmt::Debug for ShareHost {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "ShareHost(port {}, root {})", self.port, self.root())
+        write!(f, "ShareHost(port {}, root {})", self.port, self.root)
     }
 }
 
@@ -442,9 +476,24 @@ impl ShareHost {
         manifest: Manifest,
         secret: &[u8],
     ) -> Result<Arc<Self>, String> {
+        let root = manifest.root.clone();
+        Self::start_with(
+            Arc::new(FileHolder::new(file, manifest)),
+            root,
+            Vec::new(),
+            secret,
+        )
+    }
+
+    /// Serves what `holder` holds of model `root`.
+    pub fn start_with(
+        holder: Arc<dyn Holder>,
+        root: String,
+        hub_urls: Vec<String>,
+        secret: &[u8],
+    ) -> Result<Arc<Self>, String> {
         let listener = TcpListener::bind("0.0.0.0:0").map_err(|e| format!("share port: {e}"))?;
         let port = listener.local_addr().map_err(|e| e.to_string())?.port();
-        let holder = Arc::new(FileHolder::new(file, manifest));
         let (h, secret) = (holder.clone(), secret.to_vec());
         std::thread::Builder::new()
             .name("weft-share".into())
@@ -469,15 +518,20 @@ impl ShareHost {
                 }
             })
             .map_err(|e| format!("share thread: {e}"))?;
-        Ok(Arc::new(ShareHost { holder, port }))
+        Ok(Arc::new(ShareHost {
+            holder,
+            root,
+            port,
+            hub_urls,
+        }))
     }
 
     pub fn root(&self) -> &str {
-        &self.holder.manifest.root
+        &self.root
     }
 
     pub fn bytes_sent(&self) -> u64 {
-        self.holder.sent.load(Ordering::Relaxed)
+        self.holder.sent()
     }
 }
 

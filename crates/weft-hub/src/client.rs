@@ -133,6 +133,89 @@ impl HubClient {
         })
     }
 
+    /// The resolve URL of `path` in `repo` at its main revision.
+    pub fn file_url(&self, repo: &str, path: &str) -> String {
+        format!(
+            "{}/{repo}/resolve/main/{}",
+            self.endpoint,
+            encode_path(path)
+        )
+    }
+
+    /// Bytes `range` of the file at `url`, by an HTTP Range request; the answer must be
+    /// exactly those bytes (206 with the range asked, or 200 for a range of the whole).
+    pub fn get_range(&self, url: &str, range: std::ops::Range<u64>) -> Result<Vec<u8>, HubError> {
+        let http = |detail: String| HubError::Http {
+            url: url.to_string(),
+            detail,
+        };
+        if range.is_empty() {
+            return Ok(Vec::new());
+        }
+        let mut req = self.agent.get(url);
+        if let Some(t) = &self.token {
+            req = req.header("Authorization", format!("Bearer {t}"));
+        }
+        let req = req.header("Range", format!("bytes={}-{}", range.start, range.end - 1));
+        let resp = req.call().map_err(|e| http(e.to_string()))?;
+        let status = resp.status().as_u16();
+        let want = (range.end - range.start) as usize;
+        let body = resp
+            .into_body()
+            .with_config()
+            .limit(want as u64 + 1)
+            .read_to_vec()
+            .map_err(|e| http(format!("reading bytes {range:?}: {e}")))?;
+        match status {
+            206 if body.len() == want => Ok(body),
+            200 if range.start == 0 && body.len() == want => Ok(body),
+            206 | 200 => Err(http(format!(
+                "asked for bytes {range:?} ({want}), got {} (HTTP {status})",
+                body.len()
+            ))),
+            401 | 403 => Err(http(format!("HTTP {status}: not allowed (HF_TOKEN)"))),
+            s => Err(http(format!("HTTP {s} for bytes {range:?}"))),
+        }
+    }
+
+    /// Reads the whole file at `url` through `sink`, `size` bytes; returns its sha256.
+    pub fn stream(
+        &self,
+        url: &str,
+        size: u64,
+        sink: &mut dyn FnMut(&[u8]),
+    ) -> Result<String, HubError> {
+        let http = |detail: String| HubError::Http {
+            url: url.to_string(),
+            detail,
+        };
+        let resp = self.get(url, 0)?;
+        match resp.status().as_u16() {
+            200 => {}
+            401 | 403 => return Err(http("not allowed (HF_TOKEN)".into())),
+            s => return Err(http(format!("HTTP {s}"))),
+        }
+        let mut body = resp.into_body().into_reader();
+        let mut h = Sha256::new();
+        let mut buf = vec![0u8; CHUNK];
+        let mut done = 0u64;
+        while done < size {
+            let n = match body.read(&mut buf) {
+                Ok(0) => break,
+                Ok(n) => n.min((size - done) as usize),
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                Err(e) => return Err(http(format!("cut at byte {done}: {e}"))),
+            };
+            h.update(&buf[..n]);
+            sink(&buf[..n]);
+            done += n as u64;
+        }
+        if done < size {
+            return Err(http(format!("cut at byte {done} of {size}")));
+        }
+        Ok(h.finalize().iter().map(|b| format!("{b:02x}")).collect())
+    }
+
     /// Every file of `repo` at its main revision.
     pub fn list(&self, repo: &str) -> Result<Vec<HubFile>, HubError> {
         let url = format!(

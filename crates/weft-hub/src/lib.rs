@@ -7,7 +7,9 @@
 //! download with Range nor checks the LFS sha256, the two things this module is for.
 
 mod client;
+mod source;
 mod spec;
 
 pub use client::{HubClient, HubError, HubFile};
+pub use source::HubSource;
 pub use spec::{available_quants, pick_files, RepoSpec};

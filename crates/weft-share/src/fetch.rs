@@ -245,10 +245,17 @@ pub fn fetch(
                 shunned.entry(p).or_default().push(i);
             }
         }
-        missing = failed.iter().map(|&(p, _, _)| p).collect();
-        missing.sort();
-        missing.dedup();
+        // Whatever is still not held goes round again (a holder's thread that died
+        // without a word leaves its pieces here too); a round that stores nothing ends it.
+        let before = missing.len();
         missing.retain(|p| !cache.has(*p));
+        if missing.len() == before && failed.is_empty() {
+            return Err(format!(
+                "{} pieces of the shard could not be fetched (first: {:?})",
+                missing.len(),
+                missing[0]
+            ));
+        }
     }
     report.fetched_bytes = done.load(Ordering::Relaxed);
     report.seconds = t.elapsed().as_secs_f64();

@@ -7,6 +7,7 @@ pub mod cache;
 pub mod fetch;
 pub mod manifest;
 pub mod pieces;
+pub mod stream;
 
 use std::sync::Arc;
 
@@ -28,3 +29,6 @@ pub fn open_cached(
     f.set_partial(data);
     Ok(f)
 }
+
+#[cfg(test)]
+mod tests;

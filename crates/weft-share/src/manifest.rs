@@ -160,33 +160,20 @@ impl Manifest {
                 }
             })
             .collect();
-        let strips = file
-            .tensors()
-            .iter()
-            .filter(|t| t.dims.len() >= 2 && t.row_len() / t.ty.block_size() > 1)
-            .map(|t| {
-                let range = file.tensor_range(t);
-                let rows_per_slab = t.dims[1];
-                let mut set = StripSet {
-                    tensor: t.name.clone(),
-                    start: range.start as u64,
-                    row_bytes: t.row_bytes() as u64,
-                    block_bytes: t.ty.type_size() as u64,
-                    rows_per_slab,
-                    slabs: t.n_rows() as u64 / rows_per_slab.max(1),
-                    hashes: Hashes::default(),
-                };
-                let bytes = file.slice(range);
-                let mut buf = Vec::with_capacity(set.strip_bytes() as usize);
-                for slab in 0..set.slabs {
-                    for block in 0..set.blocks_per_row() {
-                        gather_strip(&set, slab, block, |r| &bytes[r], &mut buf);
-                        set.hashes.0.push(*blake3::hash(&buf).as_bytes());
-                    }
-                }
+        let strips = strip_sets(file)
+            .into_iter()
+            .map(|mut set| {
+                let start = set.start as usize;
+                let len = (set.slabs * set.rows_per_slab * set.row_bytes) as usize;
+                hash_strips(&mut set, file.slice(start..start + len));
                 set
             })
             .collect();
+        Self::assemble(chunk_size, parts, strips)
+    }
+
+    /// A manifest from its parts and strips, its root computed.
+    pub fn assemble(chunk_size: u64, parts: Vec<PartManifest>, strips: Vec<StripSet>) -> Manifest {
         let mut m = Manifest {
             root: String::new(),
             chunk_size,
@@ -294,6 +281,39 @@ impl Manifest {
         let p = self.parts.get(part)?;
         let start = index.checked_mul(self.chunk_size)?;
         (start < p.len).then(|| p.base + start..p.base + (start + self.chunk_size).min(p.len))
+    }
+}
+
+/// The strip sets (hashes not yet filled) of every matrix of `file` with more than one
+/// block a row, in tensor order.
+pub fn strip_sets(file: &GgufFile) -> Vec<StripSet> {
+    file.tensors()
+        .iter()
+        .filter(|t| t.dims.len() >= 2 && t.row_len() / t.ty.block_size() > 1)
+        .map(|t| {
+            let rows_per_slab = t.dims[1];
+            StripSet {
+                tensor: t.name.clone(),
+                start: file.tensor_range(t).start as u64,
+                row_bytes: t.row_bytes() as u64,
+                block_bytes: t.ty.type_size() as u64,
+                rows_per_slab,
+                slabs: t.n_rows() as u64 / rows_per_slab.max(1),
+                hashes: Hashes::default(),
+            }
+        })
+        .collect()
+}
+
+/// Fills `set`'s hashes from its tensor's bytes.
+pub fn hash_strips(set: &mut StripSet, bytes: &[u8]) {
+    let mut buf = Vec::with_capacity(set.strip_bytes() as usize);
+    set.hashes.0.clear();
+    for slab in 0..set.slabs {
+        for block in 0..set.blocks_per_row() {
+            gather_strip(set, slab, block, |r| &bytes[r], &mut buf);
+            set.hashes.0.push(*blake3::hash(&buf).as_bytes());
+        }
     }
 }
 

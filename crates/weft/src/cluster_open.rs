@@ -6,7 +6,7 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
-use anyhow::{anyhow, bail, Context, Result};
+use anyhow::{anyhow, bail, Result};
 use weft_cluster::local::LocalNodes;
 use weft_cluster::{Cluster, ClusterOptions, Layout, LayoutRequest};
 use weft_gguf::GgufFile;
@@ -63,8 +63,15 @@ pub fn open(
     } else {
         Some(secret_from(&l.secret)?)
     };
-    let file =
-        Arc::new(GgufFile::open(model).with_context(|| format!("opening {}", model.display()))?);
+    // Nodes reached with --peers may lack the model: they fetch their shards from this
+    // process's copy, or from the hub it names, and from each other. Local nodes
+    // (--nodes) read the file itself.
+    let sharing = l.nodes.is_none();
+    let (file, share) = crate::model_source::open_shared(
+        model,
+        sharing,
+        given.as_deref().unwrap_or_default().as_bytes(),
+    )?;
     let cfg = ModelConfig::from_gguf(&file)?;
     let tokenizer = weft_model::vocab::tokenizer_from_gguf(&file)?;
     let cores = std::thread::available_parallelism()
@@ -158,17 +165,6 @@ pub fn open(
         (None, Some(s)) => Some(predict_given(&file, &cfg, s, &layout, &workload)),
         _ => None,
     };
-    // Nodes reached with --peers may lack the model: they fetch their shards from this
-    // process's copy (and from each other). Local nodes (--nodes) read the file itself.
-    let share = if local.is_none() {
-        let manifest = weft_cluster::share::manifest_for(&file, Some(&crate::paths::weft_home()));
-        Some(
-            weft_cluster::share::ShareHost::start(file.clone(), manifest, secret.as_bytes())
-                .map_err(|e| anyhow!(e))?,
-        )
-    } else {
-        None
-    };
     let opts = ClusterOptions {
         secret: secret.into_bytes(),
         model: model.to_string_lossy().into_owned(),
@@ -185,7 +181,22 @@ pub fn open(
         activity: board,
         share,
     };
+    // Nodes fetching their shards say so in their beats: bars on this terminal meanwhile.
+    let opts = ClusterOptions {
+        activity: opts.activity.clone().or_else(|| {
+            opts.share
+                .as_ref()
+                .map(|_| Arc::new(ActivityBoard::default()))
+        }),
+        ..opts
+    };
+    let bars = opts
+        .share
+        .as_ref()
+        .zip(opts.activity.clone())
+        .map(|(_, board)| crate::fetch_progress::FetchBars::start(board, peers.clone()));
     let cluster = Cluster::connect(&peers, layout, opts).map_err(|e| anyhow!(e))?;
+    drop(bars);
     Ok(Opened {
         cluster,
         tokenizer,

@@ -66,6 +66,9 @@ pub fn run(cmd: ClusterCmd) -> Result<()> {
 struct MemberOut<'a> {
     #[serde(flatten)]
     member: &'a Member,
+    /// The models it caches pieces of (members that are up and answered).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    shard_cache: Option<&'a Vec<weft_share::CacheEntry>>,
 }
 
 #[derive(Serialize)]
@@ -104,6 +107,15 @@ fn status(a: StatusArgs) -> Result<()> {
         .filter(|m| m.state == State::Up)
         .map(|m| m.addr.clone())
         .collect();
+    // Each member's shard cache, asked over its share channel (None: it did not answer).
+    let caches: BTreeMap<String, Vec<weft_share::CacheEntry>> = up
+        .iter()
+        .filter_map(|addr| {
+            weft_cluster::share::list_caches(addr, secret.as_bytes())
+                .ok()
+                .map(|c| (addr.clone(), c))
+        })
+        .collect();
     let survey = if a.measure && !up.is_empty() {
         let opts = weft_cluster::survey::SurveyOptions {
             secret: secret.as_bytes().to_vec(),
@@ -125,7 +137,13 @@ fn status(a: StatusArgs) -> Result<()> {
         let out = StatusOut {
             cluster_id: &id,
             protocol: PROTOCOL_VERSION,
-            members: members.iter().map(|m| MemberOut { member: m }).collect(),
+            members: members
+                .iter()
+                .map(|m| MemberOut {
+                    member: m,
+                    shard_cache: caches.get(&m.addr),
+                })
+                .collect(),
         };
         let mut v = serde_json::to_value(&out)?;
         if let Some(s) = &survey {
@@ -134,6 +152,7 @@ fn status(a: StatusArgs) -> Result<()> {
         outln!("{v}")?;
     } else {
         print_table(&id, &members)?;
+        print_caches(&members, &caches)?;
         if let Some(s) = &survey {
             print_survey(s)?;
         }
@@ -203,6 +222,31 @@ fn print_table(id: &str, members: &[Member]) -> Result<()> {
     Ok(())
 }
 
+/// Each member's shard cache: the models it holds pieces of, on disk against whole.
+fn print_caches(
+    members: &[Member],
+    caches: &BTreeMap<String, Vec<weft_share::CacheEntry>>,
+) -> Result<()> {
+    use weft_model::memory::human_bytes;
+    for m in members {
+        let Some(c) = caches.get(&m.addr).filter(|c| !c.is_empty()) else {
+            continue;
+        };
+        outln!("shard cache of {}:", m.name)?;
+        for e in c {
+            outln!(
+                "  {} ({}): {} of {} held, used {} s ago",
+                e.model,
+                &e.root[..16.min(e.root.len())],
+                human_bytes(e.disk_bytes as u128),
+                human_bytes(e.model_bytes as u128),
+                e.idle_s
+            )?;
+        }
+    }
+    Ok(())
+}
+
 /// The members' profiles and the link matrix (rank 0: this process).
 fn print_survey(s: &weft_cluster::survey::Survey) -> Result<()> {
     outln!("profiles:")?;
@@ -262,7 +306,10 @@ fn watch(m: &Membership, before: Vec<Member>, json: bool) -> Result<()> {
                 }
                 let e = Event {
                     event: x.state.as_str(),
-                    member: MemberOut { member: &x },
+                    member: MemberOut {
+                        member: &x,
+                        shard_cache: None,
+                    },
                 };
                 outln!("{}", serde_json::to_string(&e)?)?;
             } else {

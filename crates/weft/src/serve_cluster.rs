@@ -122,6 +122,9 @@ fn describe(
             if let (Some(s), Some(k)) = (survey, surveyed(&addr)) {
                 n["host"] = s.nodes[k].machine();
             }
+            if let Some(Some(f)) = cluster.fetched().get(i) {
+                n["fetched"] = json!(f);
+            }
             if let Some(sh) = shards.as_ref().and_then(|v| v.get(i)) {
                 let r = |x: &std::ops::Range<usize>| json!([x.start, x.end]);
                 n["holds"] = json!({
@@ -135,6 +138,10 @@ fn describe(
         })
         .collect();
     let o = cluster.options();
+    let share = o
+        .share
+        .as_ref()
+        .map(|h| json!({"root": h.root(), "port": h.port, "sent_bytes": h.bytes_sent()}));
     let mut links = json!({
         "transport": o.transport,
         "injected_delay_us": o.link_delay_us,
@@ -171,6 +178,7 @@ fn describe(
     }
     json!({
         "mode": "cluster",
+        "share": share,
         "tp": layout.tp,
         "pp": layout.pp,
         "ep": layout.ep,
@@ -317,7 +325,7 @@ impl Former for ServeFormer {
 /// its shard) while the server already answers: `/v1/cluster` and the dashboard show
 /// the nodes loading, requests wait, and the engine's `wait_ready` says when it is done.
 pub fn start(a: &ServeArgs, path: &Path, opts: BatchOptions) -> Result<Started> {
-    let file = GgufFile::open(path).with_context(|| format!("opening {}", path.display()))?;
+    let file = crate::model_source::open_model(path)?;
     let cfg = ModelConfig::from_gguf(&file)?;
     // What the flags get wrong is said before the server answers.
     check_flags(&a.layout, &cfg, path)?;

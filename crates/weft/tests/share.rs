@@ -8,9 +8,14 @@
 
 mod common;
 
+use std::io::{BufRead, BufReader, Write};
+use std::net::{TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
+
+use sha2::{Digest, Sha256};
 
 use common::{assert_same_path, greedy, listening_on, Kill, SYNTHETIC_TOL};
 use serde_json::Value;
@@ -304,4 +309,187 @@ fn fetches_survive_corruption_a_kill_and_a_restart() {
     let f = fetched(&run, 0);
     assert_eq!(f["fetched_bytes"].as_u64(), Some(0), "{f}");
     assert_eq!(f["already"], f["wanted"], "{f}");
+}
+
+/// A hub that lists `files` (path, bytes) with their sha256 and answers resolve requests,
+/// whole or with `Range: bytes=A-B`; it logs each request's path and range.
+struct FakeHub {
+    files: Vec<(String, Vec<u8>)>,
+    log: Mutex<Vec<(String, Option<String>)>>,
+}
+
+const REPO: &str = "acme/shared-GGUF";
+
+fn answer(hub: &FakeHub, mut s: TcpStream) {
+    let mut r = BufReader::new(s.try_clone().unwrap());
+    let mut first = String::new();
+    let mut range = None;
+    if r.read_line(&mut first).is_err() {
+        return;
+    }
+    loop {
+        let mut l = String::new();
+        if r.read_line(&mut l).unwrap_or(0) == 0 || l == "\r\n" {
+            break;
+        }
+        if let Some((k, v)) = l.trim_end().split_once(':') {
+            if k.eq_ignore_ascii_case("range") {
+                range = Some(v.trim().to_string());
+            }
+        }
+    }
+    let path = first.split_whitespace().nth(1).unwrap_or("").to_string();
+    hub.log.lock().unwrap().push((path.clone(), range.clone()));
+    let mut send = |status: &str, extra: &str, body: &[u8]| {
+        let _ = write!(
+            s,
+            "HTTP/1.1 {status}\r\nContent-Length: {}\r\nConnection: close\r\n{extra}\r\n",
+            body.len()
+        );
+        let _ = s.write_all(body);
+    };
+    if path == format!("/api/models/{REPO}/tree/main?recursive=true") {
+        let list: Vec<Value> = hub
+            .files
+            .iter()
+            .map(|(p, b)| {
+                let h: String = Sha256::digest(b)
+                    .iter()
+                    .map(|x| format!("{x:02x}"))
+                    .collect();
+                serde_json::json!({"type": "file", "path": p, "size": 134,
+                    "lfs": {"oid": h, "size": b.len(), "pointerSize": 134}})
+            })
+            .collect();
+        return send("200 OK", "", &serde_json::to_vec(&list).unwrap());
+    }
+    let prefix = format!("/{REPO}/resolve/main/");
+    let Some((_, bytes)) = path
+        .strip_prefix(&prefix)
+        .and_then(|p| hub.files.iter().find(|(n, _)| n == p))
+    else {
+        return send("404 Not Found", "", b"");
+    };
+    let asked = range
+        .as_deref()
+        .and_then(|r| r.strip_prefix("bytes="))
+        .and_then(|r| r.split_once('-'))
+        .and_then(|(a, b)| Some((a.parse::<usize>().ok()?, b.parse::<usize>().ok()?)));
+    match asked {
+        Some((a, b)) if a <= b && b < bytes.len() => send(
+            "206 Partial Content",
+            &format!("Content-Range: bytes {a}-{b}/{}\r\n", bytes.len()),
+            &bytes[a..=b],
+        ),
+        Some(_) => send("416 Range Not Satisfiable", "", b""),
+        None => send("200 OK", "", bytes),
+    }
+}
+
+#[test]
+fn nodes_fetch_their_shards_straight_from_a_hub() {
+    let tmp = tempfile::tempdir().unwrap();
+    // A split model (two parts), held only by the hub.
+    let mut spec = weft_model::synthetic::SyntheticSpec::small(
+        weft_model::Arch::Qwen3,
+        weft_gguf::GgmlType::Q8_0,
+    );
+    (spec.n_embd, spec.n_layer, spec.n_ff, spec.n_extra_vocab) = (512, 4, 1536, 1000);
+    let whole = tmp.path().join("whole.gguf");
+    let model = weft_model::synthetic::synthetic_model(&spec);
+    model.write_file(&whole).unwrap();
+    let single = greedy(whole.to_str().unwrap(), PROMPT, 12, &[]);
+    std::fs::remove_file(&whole).unwrap();
+    let parts: Vec<Vec<u8>> = model.split(20).iter().map(|p| p.to_bytes()).collect();
+    let n = parts.len();
+    assert!(n >= 2);
+    let total: usize = parts.iter().map(Vec::len).sum();
+    let hub = Arc::new(FakeHub {
+        files: parts
+            .into_iter()
+            .enumerate()
+            .map(|(i, b)| (format!("shared-Q8_0-{:05}-of-{n:05}.gguf", i + 1), b))
+            .collect(),
+        log: Mutex::new(Vec::new()),
+    });
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    let endpoint = format!("http://{}", l.local_addr().unwrap());
+    let h = hub.clone();
+    std::thread::spawn(move || {
+        for s in l.incoming().flatten() {
+            let h = h.clone();
+            std::thread::spawn(move || answer(&h, s));
+        }
+    });
+    let homes: Vec<PathBuf> = (0..3)
+        .map(|i| empty_home(tmp.path(), &format!("h{i}")))
+        .collect();
+    let unused = tmp.path().join("models-unused");
+    std::fs::create_dir_all(&unused).unwrap();
+    let mut kill = Kill(Vec::new());
+    let mut addrs = Vec::new();
+    for h in &homes[1..] {
+        let (c, a) = node(h, &unused, &[]);
+        kill.0.push(c);
+        addrs.push(a);
+    }
+    let spec = format!("{REPO}:Q8_0");
+    let env = [
+        ("HF_ENDPOINT", endpoint.as_str()),
+        ("WEFT_HOME", homes[0].to_str().unwrap()),
+    ];
+    let run = on_peers(&spec, &[&addrs[0], &addrs[1]], &["--tp", "2"], &env);
+    assert_same_path("TP=2 from the hub", &single, &run, SYNTHETIC_TOL);
+    for i in 0..2 {
+        let f = fetched(&run, i);
+        let from_hub: u64 = f["sources"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|s| s["name"].as_str().unwrap().starts_with(&endpoint))
+            .map(|s| s["bytes"].as_u64().unwrap())
+            .sum();
+        assert!(from_hub > 0, "node {i} fetched nothing from the hub: {f}");
+        assert!(
+            cache_bytes(&homes[1 + i]) < total as u64,
+            "node {i} holds the whole model"
+        );
+    }
+    // The nodes asked for ranges; no machine kept the whole model.
+    let log = hub.log.lock().unwrap();
+    assert!(log.iter().any(|(p, r)| p.contains("/resolve/")
+        && r.as_deref()
+            .is_some_and(|r| r.contains('-') && !r.ends_with('-'))));
+    assert!(
+        cache_bytes(&homes[0]) < total as u64 / 2,
+        "the coordinator kept more than headers"
+    );
+    drop(log);
+    // Run again: the manifest and the headers are cached, the nodes' shards too: the
+    // hub is not read whole a second time.
+    let before = hub
+        .log
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|(p, r)| p.contains("/resolve/") && r.is_none())
+        .count();
+    let again = on_peers(&spec, &[&addrs[0], &addrs[1]], &["--tp", "2"], &env);
+    assert_same_path("TP=2 from the hub, again", &single, &again, SYNTHETIC_TOL);
+    let after = hub
+        .log
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|(p, r)| p.contains("/resolve/") && r.is_none())
+        .count();
+    assert_eq!(before, after, "the hub's files were streamed whole again");
+    // (A node that kept its loaded shard from the last session reports no fetch at all.)
+    for i in 0..2 {
+        let f = fetched(&again, i);
+        assert!(
+            f.is_null() || f["fetched_bytes"] == 0,
+            "node {i} fetched again: {f}"
+        );
+    }
 }

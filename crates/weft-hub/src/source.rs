@@ -1,0 +1,109 @@
+//! A hub's files as a holder of every piece (weft-share's `Source`): a chunk is one HTTP
+//! Range request; a column strip is the rows of its slab in one request, gathered (a hub
+//! cannot send scattered bytes, so a strip costs its slab's bytes on the wire, and the
+//! slab is kept for the next strips of the same slab).
+
+use std::sync::Arc;
+
+use weft_share::manifest::gather_strip;
+use weft_share::{Holding, Manifest, Piece, Source};
+
+use crate::client::HubClient;
+
+pub struct HubSource {
+    client: HubClient,
+    /// Each part's resolve URL, in part order.
+    urls: Vec<String>,
+    manifest: Arc<Manifest>,
+    /// The last slab read: (strip set, slab, its bytes).
+    slab: Option<(u32, u64, Vec<u8>)>,
+}
+
+impl HubSource {
+    pub fn new(client: HubClient, urls: Vec<String>, manifest: Arc<Manifest>) -> Self {
+        HubSource {
+            client,
+            urls,
+            manifest,
+            slab: None,
+        }
+    }
+
+    /// Bytes `r` of the model's byte space (within one part).
+    fn read(&self, r: std::ops::Range<u64>) -> Result<Vec<u8>, String> {
+        let part = self
+            .manifest
+            .part_of(r.start)
+            .ok_or_else(|| format!("bytes {r:?} lie outside the model"))?;
+        let p = &self.manifest.parts[part];
+        let url = self
+            .urls
+            .get(part)
+            .ok_or_else(|| format!("no URL for part {}", p.name))?;
+        self.client
+            .get_range(url, r.start - p.base..r.end - p.base)
+            .map_err(|e| e.to_string())
+    }
+
+    fn piece(&mut self, p: Piece) -> Result<Vec<u8>, String> {
+        match p {
+            Piece::Chunk { part, index } => {
+                let r = self
+                    .manifest
+                    .chunk_range(part as usize, index as u64)
+                    .ok_or_else(|| format!("{p:?} is not in the manifest"))?;
+                self.read(r)
+            }
+            Piece::Strip { set, index } => {
+                let st = self
+                    .manifest
+                    .strips
+                    .get(set as usize)
+                    .ok_or_else(|| format!("{p:?} is not in the manifest"))?
+                    .clone();
+                let bpr = st.blocks_per_row();
+                let (slab, block) = (index as u64 / bpr, index as u64 % bpr);
+                let fresh = !matches!(&self.slab, Some((s, b, _)) if *s == set && *b == slab);
+                if fresh {
+                    let len = st.rows_per_slab * st.row_bytes;
+                    let start = st.start + slab * len;
+                    self.slab = Some((set, slab, self.read(start..start + len)?));
+                }
+                let bytes = &self.slab.as_ref().ok_or("no slab")?.2;
+                let mut out = Vec::new();
+                // The slab's rows, as if it were the tensor's first slab.
+                let one = weft_share::manifest::StripSet { slabs: 1, ..st };
+                gather_strip(&one, 0, block, |r| &bytes[r], &mut out);
+                Ok(out)
+            }
+        }
+    }
+}
+
+impl Source for HubSource {
+    fn name(&self) -> String {
+        self.urls.first().cloned().unwrap_or_else(|| "hub".into())
+    }
+
+    fn manifest(&mut self, _root: &str) -> Result<Vec<u8>, String> {
+        Err("a hub serves files, not manifests".into())
+    }
+
+    fn holding(&mut self) -> Result<Holding, String> {
+        Ok(Holding::All)
+    }
+
+    fn fetch(
+        &mut self,
+        pieces: &[Piece],
+        got: &mut dyn FnMut(Piece, Vec<u8>) -> bool,
+    ) -> Result<(), String> {
+        for &p in pieces {
+            let bytes = self.piece(p)?;
+            if !got(p, bytes) {
+                break;
+            }
+        }
+        Ok(())
+    }
+}
