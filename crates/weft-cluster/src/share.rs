@@ -47,6 +47,16 @@ pub trait Holder: Send + Sync {
     fn manifest(&self, root: &str) -> Option<Vec<u8>>;
     fn holding(&self, root: &str) -> Option<Holding>;
     fn piece(&self, root: &str, p: Piece) -> Option<Vec<u8>>;
+    /// Hands piece `p`'s bytes to `f` without copying them where the holder can (a whole
+    /// file's chunks are slices of its map); None when it does not hold the piece.
+    fn piece_with(
+        &self,
+        root: &str,
+        p: Piece,
+        f: &mut dyn FnMut(&[u8]) -> std::io::Result<()>,
+    ) -> Option<std::io::Result<()>> {
+        self.piece(root, p).map(|b| f(&b))
+    }
     /// The models this holder caches (for `weft cluster status`).
     fn caches(&self) -> Vec<weft_share::CacheEntry> {
         Vec::new()
@@ -100,7 +110,8 @@ pub fn serve_share(stream: TcpStream, holder: &dyn Holder, peer: &str) {
 fn serve_requests(stream: TcpStream, holder: &dyn Holder) -> std::io::Result<()> {
     stream.set_read_timeout(Some(Duration::from_secs(300)))?;
     let mut r = BufReader::new(stream.try_clone()?);
-    let mut w = BufWriter::with_capacity(1 << 20, stream);
+    // Small: a piece (64 KiB or more) is written past it, not copied into it.
+    let mut w = BufWriter::with_capacity(16 << 10, stream);
     let (corrupt, delay) = (env_u64(CORRUPT_ENV), env_u64(DELAY_ENV));
     let mut corrupted: HashSet<Piece> = HashSet::new();
     loop {
@@ -153,6 +164,17 @@ fn serve_requests(stream: TcpStream, holder: &dyn Holder) -> std::io::Result<()>
                     asked.push(decode_piece(&b));
                 }
                 for p in asked {
+                    if corrupt == 0 && delay == 0 {
+                        // The usual path: bytes straight from the holder to the socket.
+                        let sent = p.and_then(|p| {
+                            holder.piece_with(&root, p, &mut |bytes| reply(&mut w, OK, bytes))
+                        });
+                        match sent {
+                            Some(r) => r?,
+                            None => reply(&mut w, ABSENT, b"")?,
+                        }
+                        continue;
+                    }
                     match p.and_then(|p| Some((p, holder.piece(&root, p)?))) {
                         Some((p, mut bytes)) => {
                             if delay > 0 {
@@ -212,7 +234,8 @@ impl PeerSource {
             )?;
             s.set_read_timeout(Some(READ_TIMEOUT))
                 .map_err(|e| e.to_string())?;
-            let r = BufReader::with_capacity(1 << 20, s.try_clone().map_err(|e| e.to_string())?);
+            // Small, so a piece's body is read past it straight into its buffer.
+            let r = BufReader::with_capacity(16 << 10, s.try_clone().map_err(|e| e.to_string())?);
             self.stream = Some((r, s));
         }
         self.stream.as_mut().ok_or_else(|| "no connection".into())
@@ -238,9 +261,17 @@ impl PeerSource {
                 "a reply of {len} bytes, over the {MAX_REPLY}-byte limit"
             ));
         }
-        let mut body = vec![0u8; len as usize];
-        r.read_exact(&mut body)
+        // Read into fresh capacity, not zeroed memory: a piece's bytes are written once.
+        let mut body = Vec::with_capacity(len as usize);
+        r.take(len)
+            .read_to_end(&mut body)
             .map_err(|e| format!("reading a reply: {e}"))?;
+        if body.len() as u64 != len {
+            return Err(format!(
+                "the reply ended after {} of {len} bytes",
+                body.len()
+            ));
+        }
         if head[0] == ERROR {
             return Err(format!("it answered: {}", String::from_utf8_lossy(&body)));
         }
@@ -366,6 +397,22 @@ impl Holder for FileHolder {
 
     fn sent(&self) -> u64 {
         self.sent.load(Ordering::Relaxed)
+    }
+
+    fn piece_with(
+        &self,
+        root: &str,
+        p: Piece,
+        f: &mut dyn FnMut(&[u8]) -> std::io::Result<()>,
+    ) -> Option<std::io::Result<()>> {
+        match p {
+            Piece::Chunk { part, index } if root == self.manifest.root => {
+                let r = self.manifest.chunk_range(part as usize, index as u64)?;
+                self.sent.fetch_add(r.end - r.start, Ordering::Relaxed);
+                Some(f(self.file.slice(r.start as usize..r.end as usize)))
+            }
+            _ => self.piece(root, p).map(|b| f(&b)),
+        }
     }
 }
 

@@ -164,55 +164,70 @@ pub fn fetch(
                     let (failed, io_error, done) = (&failed, &io_error, &done);
                     sc.spawn(move || {
                         let name = src.name();
-                        let mut r = SourceReport::default();
-                        let mut got_upto = 0usize;
-                        for batch in queue.chunks(BATCH) {
-                            let mut next = 0usize;
-                            let res = src.fetch(batch, &mut |p, bytes| {
-                                next += 1;
-                                match cache.put(p, &bytes) {
-                                    Ok(()) => {
-                                        r.bytes += bytes.len() as u64;
-                                        r.pieces += 1;
-                                        let d = done.fetch_add(bytes.len() as u64, Ordering::Relaxed);
-                                        progress(d + bytes.len() as u64, total);
-                                        true
-                                    }
-                                    Err(PutError::Bad(why)) => {
-                                        tracing::warn!(
-                                            "shard holder {name} sent a bad piece: {why}; asking again"
-                                        );
-                                        r.bad += 1;
-                                        if let Ok(mut f) = failed.lock() {
-                                            f.push((p, i, true));
+                        // Receiving and checking run on two threads: hashing and writing
+                        // a piece overlap with reading the next from the network.
+                        let (tx, rx) = std::sync::mpsc::sync_channel::<(Piece, Vec<u8>)>(32);
+                        std::thread::scope(|inner| {
+                            let name2 = name.clone();
+                            let store = inner.spawn(move || {
+                                let mut r = SourceReport::default();
+                                for (p, bytes) in rx {
+                                    match cache.put(p, &bytes) {
+                                        Ok(()) => {
+                                            r.bytes += bytes.len() as u64;
+                                            r.pieces += 1;
+                                            let n = bytes.len() as u64;
+                                            let d = done.fetch_add(n, Ordering::Relaxed);
+                                            progress(d + n, total);
                                         }
-                                        true
-                                    }
-                                    Err(PutError::Io(e)) => {
-                                        if let Ok(mut x) = io_error.lock() {
-                                            *x = Some(e);
+                                        Err(PutError::Bad(why)) => {
+                                            tracing::warn!(
+                                                "shard holder {name2} sent a bad piece: {why}; asking again"
+                                            );
+                                            r.bad += 1;
+                                            if let Ok(mut f) = failed.lock() {
+                                                f.push((p, i, true));
+                                            }
                                         }
-                                        false
+                                        Err(PutError::Io(e)) => {
+                                            if let Ok(mut x) = io_error.lock() {
+                                                *x = Some(e);
+                                            }
+                                            break;
+                                        }
                                     }
                                 }
+                                r
                             });
-                            got_upto += next;
-                            if let Err(e) = res {
-                                tracing::warn!(
-                                    "shard holder {name} failed ({e}); its {} remaining pieces go to the others",
-                                    queue.len() - got_upto
-                                );
-                                r.failed = Some(e);
-                                if let Ok(mut f) = failed.lock() {
-                                    f.extend(queue[got_upto..].iter().map(|&p| (p, i, false)));
+                            let mut failure = None;
+                            let mut got_upto = 0usize;
+                            for batch in queue.chunks(BATCH) {
+                                let mut next = 0usize;
+                                let res = src.fetch(batch, &mut |p, bytes| {
+                                    next += 1;
+                                    tx.send((p, bytes)).is_ok()
+                                });
+                                got_upto += next;
+                                if let Err(e) = res {
+                                    tracing::warn!(
+                                        "shard holder {name} failed ({e}); its {} remaining pieces go to the others",
+                                        queue.len() - got_upto
+                                    );
+                                    if let Ok(mut f) = failed.lock() {
+                                        f.extend(queue[got_upto..].iter().map(|&p| (p, i, false)));
+                                    }
+                                    failure = Some(e);
+                                    break;
                                 }
-                                break;
+                                if io_error.lock().map(|x| x.is_some()).unwrap_or(true) {
+                                    break;
+                                }
                             }
-                            if io_error.lock().map(|x| x.is_some()).unwrap_or(true) {
-                                break;
-                            }
-                        }
-                        (i, r)
+                            drop(tx);
+                            let mut r = store.join().unwrap_or_default();
+                            r.failed = failure;
+                            (i, r)
+                        })
                     })
                 })
                 .collect();

@@ -299,3 +299,48 @@ fn a_streamed_manifest_equals_one_built_from_the_file() {
     .unwrap_err();
     assert!(err.contains("streamed 1000"), "{err}");
 }
+
+#[test]
+fn eviction_takes_the_least_recently_used_model_and_never_the_one_in_use() {
+    let dir = tempfile::tempdir().unwrap();
+    let shards = dir.path().join("shards");
+    let mut roots = Vec::new();
+    for k in 0..3u8 {
+        let sub = dir.path().join(format!("m{k}"));
+        std::fs::create_dir_all(&sub).unwrap();
+        let (_, f) = model(&sub);
+        // Three different models: the first byte of their norm differs.
+        let mut m = Manifest::build(&f);
+        m.parts[0].chunks.0[0][0] = k;
+        m.root = crate::manifest::hex(&m.compute_root());
+        let c = ShardCache::open(&shards, m.clone()).unwrap();
+        let r = m.chunk_range(0, 1).unwrap();
+        // Store a chunk so each takes room on disk (its hash is the real one).
+        c.put(
+            Piece::Chunk { part: 0, index: 1 },
+            f.slice(r.start as usize..r.end as usize),
+        )
+        .unwrap();
+        roots.push(m.root.clone());
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let listed = crate::cache::list(&shards);
+    assert_eq!(
+        listed.iter().map(|e| e.root.clone()).collect::<Vec<_>>(),
+        roots,
+        "least recently used first"
+    );
+    let each = listed[0].disk_bytes;
+    assert!(each >= MIN_CHUNK);
+    // Room for about two: the oldest goes, unless it is the one in use.
+    let gone = crate::cache::evict(&shards, 2 * each + each / 2, &roots[0]);
+    assert_eq!(
+        gone.iter().map(|e| &e.root).collect::<Vec<_>>(),
+        [&roots[1]]
+    );
+    let left: Vec<String> = crate::cache::list(&shards)
+        .into_iter()
+        .map(|e| e.root)
+        .collect();
+    assert_eq!(left, [roots[0].clone(), roots[2].clone()]);
+}

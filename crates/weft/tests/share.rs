@@ -198,6 +198,32 @@ fn nodes_without_the_file_fetch_only_their_shards() {
         check_cache("TP=2", &tp, i, h, model_len);
     }
     assert!(tp["share_sent_bytes"].as_u64().unwrap() > 0);
+    // `weft cluster status` shows what each node caches.
+    let status = common::ok_json(&common::weft(&[
+        "cluster",
+        "status",
+        "--peers",
+        &addrs[0],
+        "--no-mdns",
+        "--wait",
+        "2",
+        "--secret",
+        SECRET,
+        "--json",
+    ]));
+    let member = status["members"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|m| m["addr"] == addrs[0].as_str())
+        .unwrap_or_else(|| panic!("{status}"));
+    let cached = &member["shard_cache"][0];
+    assert_eq!(cached["model"], "shared-q8.gguf", "{status}");
+    assert_eq!(
+        cached["disk_bytes"].as_u64(),
+        Some(cache_bytes(&homes[0])),
+        "{status}"
+    );
 
     // PP=2 on two fresh nodes.
     for h in &homes[2..4] {
