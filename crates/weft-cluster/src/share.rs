@@ -87,10 +87,27 @@ fn decode_piece(b: &[u8; 9]) -> Option<Piece> {
     }
 }
 
-fn reply(w: &mut impl Write, status: u8, body: &[u8]) -> std::io::Result<()> {
-    w.write_all(&[status])?;
-    w.write_all(&(body.len() as u64).to_le_bytes())?;
-    w.write_all(body)
+fn reply(w: &mut BufWriter<TcpStream>, status: u8, body: &[u8]) -> std::io::Result<()> {
+    let mut head = [0u8; 9];
+    head[0] = status;
+    head[1..].copy_from_slice(&(body.len() as u64).to_le_bytes());
+    if body.len() < w.capacity() {
+        w.write_all(&head)?;
+        return w.write_all(body);
+    }
+    // A piece: header and body in one system call where the socket takes them.
+    w.flush()?;
+    let s = w.get_mut();
+    let mut parts = [std::io::IoSlice::new(&head), std::io::IoSlice::new(body)];
+    let mut slices: &mut [std::io::IoSlice] = &mut parts;
+    while !slices.is_empty() {
+        let n = s.write_vectored(slices)?;
+        if n == 0 {
+            return Err(std::io::ErrorKind::WriteZero.into());
+        }
+        std::io::IoSlice::advance_slices(&mut slices, n);
+    }
+    Ok(())
 }
 
 fn env_u64(name: &str) -> u64 {

@@ -32,6 +32,24 @@ struct State {
     strips_file: File,
     strips_end: u64,
     log: File,
+    /// Log lines of pieces written but not yet logged (written in batches: one write per
+    /// `LOG_BATCH` pieces, not one per piece; a kill loses only their log lines, and they
+    /// are fetched again).
+    pending: String,
+    pending_n: usize,
+}
+
+const LOG_BATCH: usize = 64;
+
+impl State {
+    fn flush_log(&mut self) -> std::io::Result<()> {
+        if !self.pending.is_empty() {
+            self.log.write_all(self.pending.as_bytes())?;
+            self.pending.clear();
+            self.pending_n = 0;
+        }
+        Ok(())
+    }
 }
 
 /// One model's cached pieces. Shared between a node's fetches and its share server.
@@ -119,6 +137,8 @@ impl ShardCache {
                 .append(true)
                 .open(&log_path)
                 .map_err(|e| io_err(&log_path, "opening", e))?,
+            pending: String::new(),
+            pending_n: 0,
         };
         let mut kept = Vec::new();
         let mut dropped = 0usize;
@@ -249,14 +269,29 @@ impl ShardCache {
                 format!("s {set} {index} {at}\n")
             }
         };
-        // The log line follows the bytes: a kill between the two loses only this piece.
-        s.log.write_all(line.as_bytes()).map_err(io)?;
+        // The log line follows the bytes: a kill before it is written loses only the
+        // pieces not yet logged, never logs a piece whose bytes are not there.
+        s.pending.push_str(&line);
+        s.pending_n += 1;
+        if s.pending_n >= LOG_BATCH {
+            s.flush_log().map_err(io)?;
+        }
         let off = match p {
             Piece::Strip { .. } => s.strips_end,
             Piece::Chunk { .. } => 0,
         };
         mark(&self.manifest, &mut s, p, off);
         Ok(())
+    }
+
+    /// Writes the log lines of every piece stored so far.
+    pub fn flush_log(&self) -> Result<(), String> {
+        let mut s = self
+            .state
+            .lock()
+            .map_err(|_| "the shard cache's lock is poisoned".to_string())?;
+        s.flush_log()
+            .map_err(|e| format!("shard cache {}: {e}", self.dir.display()))
     }
 
     /// A held piece's bytes (for serving it to another node).
@@ -276,10 +311,12 @@ impl ShardCache {
 
     /// What is held now, as the model's loader reads it.
     pub fn view(&self) -> Result<Arc<CacheView>, String> {
-        let s = self
+        let mut s = self
             .state
             .lock()
             .map_err(|_| "the shard cache's lock is poisoned".to_string())?;
+        s.flush_log()
+            .map_err(|e| format!("shard cache {}: {e}", self.dir.display()))?;
         let strips = if s.strips_end > 0 {
             // SAFETY: strips.bin only grows past what is mapped and is never rewritten
             // below `strips_end` while the cache is open.
@@ -303,6 +340,14 @@ impl ShardCache {
                 .collect(),
             strips,
         }))
+    }
+}
+
+impl Drop for ShardCache {
+    fn drop(&mut self) {
+        if let Ok(mut s) = self.state.lock() {
+            let _ = s.flush_log();
+        }
     }
 }
 

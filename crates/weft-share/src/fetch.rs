@@ -272,6 +272,7 @@ pub fn fetch(
             ));
         }
     }
+    cache.flush_log()?;
     report.fetched_bytes = done.load(Ordering::Relaxed);
     report.seconds = t.elapsed().as_secs_f64();
     Ok(report)
