@@ -88,6 +88,11 @@ impl WorkCounters {
         self.fetching.store(true, Ordering::Relaxed);
     }
 
+    /// The fetch ended (the load goes on).
+    pub fn fetch_ended(&self) {
+        self.fetching.store(false, Ordering::Relaxed);
+    }
+
     /// The load ended (loaded or failed).
     pub fn load_ended(&self) {
         self.loading.store(false, Ordering::Relaxed);

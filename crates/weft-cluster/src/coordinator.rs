@@ -175,9 +175,11 @@ impl Cluster {
             let share = match &opts.share {
                 Some(host) => Some(crate::control::ShareSpec {
                     root: host.root().to_string(),
-                    sources: std::iter::once(format!("{}:{}", c.local_ip()?, host.port))
-                        .chain(peers.iter().filter(|p| *p != addr).cloned())
-                        .collect(),
+                    sources: std::iter::once(
+                        std::net::SocketAddr::new(c.local_ip()?, host.port).to_string(),
+                    )
+                    .chain(peers.iter().filter(|p| *p != addr).cloned())
+                    .collect(),
                     hub_urls: host.hub_urls.clone(),
                 }),
                 None => None,

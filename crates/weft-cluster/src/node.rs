@@ -594,19 +594,51 @@ fn fetch_for(
 ) -> Result<crate::node_fetch::Fetched, String> {
     let shards = shards
         .ok_or("this node has no copy of the model and no weft home to fetch its shard into")?;
+    // The dry run also refuses, before anything is fetched, a shard over --memory-limit.
     let dry = |file: Arc<GgufFile>| {
         let shard = plan_shard(&file, plan)?;
-        Model::load(file, shard, plan.ubatch)
-            .map(drop)
-            .map_err(|e| e.to_string())
+        let model = Model::load(file, shard, plan.ubatch).map_err(|e| e.to_string())?;
+        check_memory(&model, plan, opts.memory_limit)
     };
-    let f = crate::node_fetch::fetch_shard(share, &opts.secret, shards, work, &dry)?;
+    let f = crate::node_fetch::fetch_shard(share, &opts.secret, shards, work, &dry);
+    work.fetch_ended();
+    let f = f?;
     if let Some(limit) = opts.cache_limit {
+        shards.close_except(&f.root);
         for gone in weft_share::cache::evict(&shards.dir, limit, &f.root) {
             shards.forget(&gone.root);
         }
     }
     Ok(f)
+}
+
+/// Refuses a shard whose weights and KV caches need more than `--memory-limit`.
+fn check_memory(model: &Model, plan: &NodePlan, memory_limit: Option<u64>) -> Result<(), String> {
+    let (a, b) = plan.layers;
+    if let Some(limit) = memory_limit {
+        let weights = model.total_weight_bytes() as u64;
+        let kv = (model.cache_bytes(plan.n_ctx) * plan.slots.max(1)) as u64;
+        if weights + kv > limit {
+            return Err(format!(
+                "this node's shard needs {} ({} of weights for layers {a}..{b}, experts {:?}{}, \
+                 and {} of KV cache), over its --memory-limit of {}",
+                human_bytes((weights + kv) as u128),
+                human_bytes(weights as u128),
+                model.shard.experts,
+                if plan.ep_spares > 0 {
+                    format!(
+                        " with {} spares (fewer --ep-spares need less)",
+                        plan.ep_spares
+                    )
+                } else {
+                    String::new()
+                },
+                human_bytes(kv as u128),
+                human_bytes(limit as u128)
+            ));
+        }
+    }
+    Ok(())
 }
 
 fn load(
@@ -635,29 +667,7 @@ fn load(
         }
     })
     .map_err(|e| e.to_string())?;
-    if let Some(limit) = memory_limit {
-        let weights = model.total_weight_bytes() as u64;
-        let kv = (model.cache_bytes(plan.n_ctx) * plan.slots.max(1)) as u64;
-        if weights + kv > limit {
-            return Err(format!(
-                "this node's shard needs {} ({} of weights for layers {a}..{b}, experts {:?}{}, \
-                 and {} of KV cache), over its --memory-limit of {}",
-                human_bytes((weights + kv) as u128),
-                human_bytes(weights as u128),
-                model.shard.experts,
-                if plan.ep_spares > 0 {
-                    format!(
-                        " with {} spares (fewer --ep-spares need less)",
-                        plan.ep_spares
-                    )
-                } else {
-                    String::new()
-                },
-                human_bytes(kv as u128),
-                human_bytes(limit as u128)
-            ));
-        }
-    }
+    check_memory(&model, plan, memory_limit)?;
     let caches = (0..plan.slots.max(1))
         .map(|_| model.new_cache(plan.n_ctx))
         .collect();

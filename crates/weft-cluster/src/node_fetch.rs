@@ -30,6 +30,12 @@ pub fn fetch_shard(
     work: &WorkCounters,
     dry_load: &dyn Fn(Arc<GgufFile>) -> Result<(), String>,
 ) -> Result<Fetched, String> {
+    if spec.root.len() != 64 || !spec.root.bytes().all(|b| b.is_ascii_hexdigit()) {
+        return Err(format!(
+            "the plan names model root {:?}, not 64 hex digits",
+            spec.root
+        ));
+    }
     let mut sources: Vec<Box<dyn Source>> = spec
         .sources
         .iter()
@@ -52,7 +58,7 @@ pub fn fetch_shard(
     let manifest = manifest.ok_or_else(|| {
         format!(
             "no holder gave the manifest of model {}: {}",
-            &spec.root[..16.min(spec.root.len())],
+            &spec.root[..16],
             errors.join("; ")
         )
     })?;
@@ -75,6 +81,9 @@ pub fn fetch_shard(
     let pieces = cache.manifest.pieces_for(&needs)?;
     let mut report = weft_share::fetch(&cache, &pieces, &mut sources, &progress)?;
     report.fetched_bytes += first.fetched_bytes;
+    // The headers fetched a moment ago were not in the cache before.
+    let fresh_headers: usize = first.sources.iter().map(|s| s.pieces).sum();
+    report.already = report.already.saturating_sub(fresh_headers);
     report.seconds += first.seconds;
     for (r, f) in report.sources.iter_mut().zip(&first.sources) {
         r.bytes += f.bytes;

@@ -36,6 +36,8 @@ const MAX_ASK: u32 = 4096;
 const MAX_REPLY: u64 = 1 << 30;
 /// How long a holder may be silent in the middle of a reply.
 const READ_TIMEOUT: Duration = Duration::from_secs(30);
+/// Connections the coordinator's share port serves (and authenticates) at once.
+const MAX_SHARE_CONNECTIONS: usize = 64;
 /// Test aid: the first N distinct pieces a holder sends on a connection have one byte
 /// flipped (a piece asked again comes right, as after a flaky link).
 pub const CORRUPT_ENV: &str = "WEFT_TEST_CORRUPT_PIECES";
@@ -126,6 +128,8 @@ pub fn serve_share(stream: TcpStream, holder: &dyn Holder, peer: &str) {
 
 fn serve_requests(stream: TcpStream, holder: &dyn Holder) -> std::io::Result<()> {
     stream.set_read_timeout(Some(Duration::from_secs(300)))?;
+    // A peer that stops reading must not hold this thread for ever.
+    stream.set_write_timeout(Some(READ_TIMEOUT))?;
     let mut r = BufReader::new(stream.try_clone()?);
     // Small: a piece (64 KiB or more) is written past it, not copied into it.
     let mut w = BufWriter::with_capacity(16 << 10, stream);
@@ -220,6 +224,29 @@ fn serve_requests(stream: TcpStream, holder: &dyn Holder) -> std::io::Result<()>
             }
         }
         w.flush()?;
+    }
+}
+
+/// A holder's answer to `H`: 1 (everything), or 0, a count and the pieces.
+pub fn parse_holding(body: &[u8]) -> Result<Holding, String> {
+    match body.first() {
+        Some(1) => Ok(Holding::All),
+        Some(0) if body.len() >= 5 => {
+            let n = u32::from_le_bytes([body[1], body[2], body[3], body[4]]) as usize;
+            let rest = &body[5..];
+            if rest.len() != n.saturating_mul(9) {
+                return Err(format!(
+                    "a holding list of {n} pieces in {} bytes",
+                    rest.len()
+                ));
+            }
+            Ok(Holding::Some(
+                rest.chunks_exact(9)
+                    .filter_map(|c| decode_piece(c.try_into().ok()?))
+                    .collect(),
+            ))
+        }
+        _ => Err("a malformed holding reply".into()),
     }
 }
 
@@ -321,25 +348,7 @@ impl Source for PeerSource {
         if status != OK {
             return Ok(Holding::Some(HashSet::new()));
         }
-        match body.first() {
-            Some(1) => Ok(Holding::All),
-            Some(0) if body.len() >= 5 => {
-                let n = u32::from_le_bytes([body[1], body[2], body[3], body[4]]) as usize;
-                let rest = &body[5..];
-                if rest.len() != n * 9 {
-                    return Err(format!(
-                        "a holding list of {n} pieces in {} bytes",
-                        rest.len()
-                    ));
-                }
-                Ok(Holding::Some(
-                    rest.chunks_exact(9)
-                        .filter_map(|c| decode_piece(c.try_into().ok()?))
-                        .collect(),
-                ))
-            }
-            _ => Err("a malformed holding reply".into()),
-        }
+        parse_holding(&body)
     }
 
     fn fetch(
@@ -486,6 +495,13 @@ impl NodeShards {
             open.remove(root);
         }
     }
+
+    /// Closes every cache but `keep`'s (releasing their locks, so eviction may take them).
+    pub fn close_except(&self, keep: &str) {
+        if let Ok(mut open) = self.open.lock() {
+            open.retain(|root, _| root == keep);
+        }
+    }
 }
 
 impl Holder for NodeShards {
@@ -559,15 +575,30 @@ impl ShareHost {
         let listener = TcpListener::bind("0.0.0.0:0").map_err(|e| format!("share port: {e}"))?;
         let port = listener.local_addr().map_err(|e| e.to_string())?.port();
         let (h, secret) = (holder.clone(), secret.to_vec());
+        let live = Arc::new(std::sync::atomic::AtomicUsize::new(0));
         std::thread::Builder::new()
             .name("weft-share".into())
             .spawn(move || {
                 for conn in listener.incoming() {
                     let Ok(mut s) = conn else { continue };
-                    let (h, secret) = (h.clone(), secret.clone());
+                    if live.fetch_add(1, Ordering::SeqCst) >= MAX_SHARE_CONNECTIONS {
+                        live.fetch_sub(1, Ordering::SeqCst);
+                        tracing::warn!(
+                            "share port: over {MAX_SHARE_CONNECTIONS} connections, refusing one"
+                        );
+                        continue;
+                    }
+                    let (h, secret, live) = (h.clone(), secret.clone(), live.clone());
                     let _ = std::thread::Builder::new()
                         .name("weft-share-conn".into())
                         .spawn(move || {
+                            struct Leave(Arc<std::sync::atomic::AtomicUsize>);
+                            impl Drop for Leave {
+                                fn drop(&mut self) {
+                                    self.0.fetch_sub(1, Ordering::SeqCst);
+                                }
+                            }
+                            let _leave = Leave(live);
                             let peer = s.peer_addr().map(|a| a.to_string()).unwrap_or_default();
                             match control::accept(&mut s, &secret, Duration::from_secs(3)) {
                                 Ok(Channel::Share) => serve_share(s, &*h, &peer),
@@ -619,15 +650,8 @@ pub fn manifest_for(file: &GgufFile, home: Option<&Path>) -> Manifest {
     let cached = home
         .zip(key.as_ref())
         .map(|(h, k)| h.join("manifests").join(format!("{k}.json")));
-    if let Some(p) = &cached {
-        if let Ok(bytes) = std::fs::read(p) {
-            let root = serde_json::from_slice::<serde_json::Value>(&bytes)
-                .ok()
-                .and_then(|v| v.get("root").and_then(|r| r.as_str()).map(String::from));
-            if let Some(m) = root.and_then(|r| Manifest::parse_checked(&bytes, &r).ok()) {
-                return m;
-            }
-        }
+    if let Some(m) = cached.as_ref().and_then(|p| Manifest::read_file(p).ok()) {
+        return m;
     }
     let t = std::time::Instant::now();
     let m = Manifest::build(file);
@@ -638,11 +662,8 @@ pub fn manifest_for(file: &GgufFile, home: Option<&Path>) -> Manifest {
         &m.root[..16]
     );
     if let Some(p) = cached {
-        if let Some(dir) = p.parent() {
-            let _ = std::fs::create_dir_all(dir);
-        }
-        if let Ok(body) = serde_json::to_vec(&m) {
-            let _ = std::fs::write(&p, body);
+        if let Err(e) = m.write_file(&p) {
+            tracing::warn!("keeping the manifest: {e}");
         }
     }
     m

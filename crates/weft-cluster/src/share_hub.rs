@@ -24,8 +24,11 @@ pub struct HubModel {
     pub urls: Vec<String>,
 }
 
-/// Where a prefix this long of every part holds every header.
+/// The first prefix of every part read for its header; it grows fourfold while the header
+/// runs past it, up to `MAX_PREFIX` (a header is metadata and the tensor table: a
+/// vocabulary of 256k tokens is a few MiB).
 const FIRST_PREFIX: u64 = 1 << 20;
+const MAX_PREFIX: u64 = 256 << 20;
 
 pub fn open_from_hub(spec: &RepoSpec, home: &Path) -> Result<HubModel, String> {
     let client = HubClient::from_env();
@@ -69,18 +72,45 @@ pub fn open_from_hub(spec: &RepoSpec, home: &Path) -> Result<HubModel, String> {
                 .map_err(|e| format!("writing {}: {e}", path.display()))?;
         }
         let opened = GgufFile::open(dir.join(name(&files[0])));
-        let whole = files.iter().all(|f| prefix >= f.size);
+        let last = files.iter().all(|f| prefix >= f.size) || prefix >= MAX_PREFIX;
         match opened {
             Ok(g) if g.part_layout().iter().all(|p| p.header_len <= prefix) => break g,
-            Err(e) if whole => return Err(format!("{}: {e}", spec.repo)),
-            _ if whole => return Err(format!("{}: the headers do not parse", spec.repo)),
+            Err(e) if last => return Err(format!("{}: {e:#}", spec.repo)),
+            _ if last => {
+                return Err(format!(
+                    "{}: the headers do not fit in the first {prefix} bytes",
+                    spec.repo
+                ))
+            }
             _ => prefix *= 4,
         }
     };
+    // The hub's files must be the model's parts, in order.
+    let layout = headers.part_layout();
+    let named: Vec<String> = layout
+        .iter()
+        .map(|p| {
+            p.path
+                .file_name()
+                .map(|n| n.to_string_lossy().into_owned())
+                .unwrap_or_default()
+        })
+        .collect();
+    let listed: Vec<String> = files.iter().map(name).collect();
+    if named != listed || layout.iter().zip(&files).any(|(p, f)| p.len != f.size) {
+        return Err(format!(
+            "{}: the files picked ({}) are not the model's parts ({})",
+            spec.repo,
+            listed.join(", "),
+            named.join(", ")
+        ));
+    }
     let manifest = hub_manifest(&client, &files, &urls, &headers, home)?;
     drop(headers);
     let _ = std::fs::remove_dir_all(&dir);
-    let shards = Arc::new(NodeShards::new(home.join("shards")));
+    // Apart from the shards/ a node on this machine with the same home fills: the two
+    // would otherwise contend for one cache directory's lock.
+    let shards = Arc::new(NodeShards::new(home.join("hub-cache")));
     let cache = shards.open(manifest)?;
     let mut hub: Vec<Box<dyn Source>> = vec![Box::new(HubSource::new(
         client,
@@ -107,19 +137,35 @@ fn hub_manifest(
     headers: &GgufFile,
     home: &Path,
 ) -> Result<Manifest, String> {
-    let key = files
-        .iter()
-        .map(|f| f.sha256.clone().unwrap_or_default())
-        .collect::<Vec<_>>()
-        .join("-");
-    let cached = home
-        .join("manifests")
-        .join(format!("hub-{}.json", &key[..key.len().min(32)]));
-    if let Ok(bytes) = std::fs::read(&cached) {
-        let root = serde_json::from_slice::<serde_json::Value>(&bytes)
-            .ok()
-            .and_then(|v| v.get("root").and_then(|r| r.as_str()).map(String::from));
-        if let Some(m) = root.and_then(|r| Manifest::parse_checked(&bytes, &r).ok()) {
+    // Cached by every file's path, size and sha256; only where the hub gives each sha256.
+    let verified = files.iter().all(|f| {
+        f.sha256
+            .as_ref()
+            .is_some_and(|h| h.len() == 64 && h.bytes().all(|b| b.is_ascii_hexdigit()))
+    });
+    let key = {
+        use sha2::Digest;
+        let mut h = sha2::Sha256::new();
+        for f in files {
+            h.update(format!("{}|{}|{:?}\n", f.path, f.size, f.sha256));
+        }
+        h.finalize()
+            .iter()
+            .take(16)
+            .map(|b| format!("{b:02x}"))
+            .collect::<String>()
+    };
+    let cached = verified.then(|| home.join("manifests").join(format!("hub-{key}.json")));
+    let layout = headers.part_layout();
+    let fits = |m: &Manifest| {
+        m.parts.len() == layout.len()
+            && m.parts
+                .iter()
+                .zip(&layout)
+                .all(|(a, b)| a.len == b.len && a.header_len == b.header_len)
+    };
+    if let Some(m) = cached.as_ref().and_then(|p| Manifest::read_file(p).ok()) {
+        if fits(&m) {
             return Ok(m);
         }
     }
@@ -143,11 +189,10 @@ fn hub_manifest(
         t.elapsed().as_secs_f64(),
         &m.root[..16]
     );
-    if let Some(dir) = cached.parent() {
-        let _ = std::fs::create_dir_all(dir);
-    }
-    if let Ok(body) = serde_json::to_vec(&m) {
-        let _ = std::fs::write(&cached, body);
+    if let Some(p) = cached {
+        if let Err(e) = m.write_file(&p) {
+            tracing::warn!("keeping the manifest: {e}");
+        }
     }
     Ok(m)
 }

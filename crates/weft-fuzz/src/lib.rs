@@ -85,6 +85,15 @@ pub fn control(data: &[u8]) {
     let _ = serde_json::from_slice::<weft_cluster::members::Gossip>(data);
 }
 
+/// What a shard holder answers: a manifest (checked against the root its first 64 bytes
+/// name, as a node checks it against its plan's) and a holding list.
+pub fn share(data: &[u8]) {
+    let (root, rest) = data.split_at(data.len().min(64));
+    let root = String::from_utf8_lossy(root);
+    let _ = weft_share::Manifest::parse_checked(rest, &root);
+    let _ = weft_cluster::share::parse_holding(data);
+}
+
 /// An OpenAI request body, parsed and checked as the server checks it.
 pub fn request(data: &[u8]) {
     if let Ok(r) = parse_body::<ChatRequest>(data) {
@@ -186,11 +195,12 @@ pub fn template(data: &[u8]) {
 pub type Target = fn(&[u8]);
 
 /// The targets by name, as `fuzz/` and the corpus tests call them.
-pub const TARGETS: [(&str, Target); 6] = [
+pub const TARGETS: [(&str, Target); 7] = [
     ("gguf", gguf),
     ("frame", frame),
     ("handshake", handshake),
     ("control", control),
     ("request", request),
     ("template", template),
+    ("share", share),
 ];

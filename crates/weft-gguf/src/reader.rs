@@ -411,6 +411,12 @@ impl GgufFile {
                 ),
             }));
         }
+        if rows.start > rows.end || rows.end > t.n_rows() {
+            return Err(self.err(FormatError::BadShard {
+                tensor: t.name.clone(),
+                detail: format!("rows {rows:?} outside 0..{}", t.n_rows()),
+            }));
+        }
         if let Some(p) = &self.partial {
             let index = self
                 .tensor_index

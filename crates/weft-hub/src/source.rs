@@ -10,6 +10,9 @@ use weft_share::{Holding, Manifest, Piece, Source};
 
 use crate::client::HubClient;
 
+/// Tries of one Range request.
+const ATTEMPTS: u32 = 4;
+
 pub struct HubSource {
     client: HubClient,
     /// Each part's resolve URL, in part order.
@@ -40,9 +43,19 @@ impl HubSource {
             .urls
             .get(part)
             .ok_or_else(|| format!("no URL for part {}", p.name))?;
-        self.client
-            .get_range(url, r.start - p.base..r.end - p.base)
-            .map_err(|e| e.to_string())
+        // A hub may refuse or drop one request (429, 5xx, a reset): tried again with
+        // backoff before this holder is given up.
+        let mut last = String::new();
+        for attempt in 0..ATTEMPTS {
+            if attempt > 0 {
+                std::thread::sleep(std::time::Duration::from_millis(250 << attempt));
+            }
+            match self.client.get_range(url, r.start - p.base..r.end - p.base) {
+                Ok(b) => return Ok(b),
+                Err(e) => last = e.to_string(),
+            }
+        }
+        Err(format!("{last} (after {ATTEMPTS} tries)"))
     }
 
     fn piece(&mut self, p: Piece) -> Result<Vec<u8>, String> {

@@ -23,6 +23,28 @@ const MANIFEST: &str = "manifest.json";
 const STRIPS: &str = "strips.bin";
 const LOG: &str = "pieces.log";
 const USED: &str = "used";
+const LOCK: &str = "lock";
+
+/// An exclusive lock on a cache directory, held while a process has it open: two nodes
+/// sharing one weft home must not both append to its strips and log.
+fn lock_dir(dir: &Path) -> Result<File, String> {
+    use std::os::fd::AsRawFd;
+    let path = dir.join(LOCK);
+    let f = OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&path)
+        .map_err(|e| io_err(&path, "opening", e))?;
+    // SAFETY: flock on a descriptor this function owns.
+    if unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+        return Err(format!(
+            "shard cache {} is in use by another process (two weft nodes with one weft home?)",
+            dir.display()
+        ));
+    }
+    Ok(f)
+}
 
 struct State {
     parts: Vec<File>,
@@ -57,6 +79,8 @@ pub struct ShardCache {
     pub dir: PathBuf,
     pub manifest: Arc<Manifest>,
     state: Mutex<State>,
+    /// Holds the directory's lock while open.
+    _lock: File,
 }
 
 fn io_err(path: &Path, what: &str, e: std::io::Error) -> String {
@@ -76,28 +100,19 @@ impl ShardCache {
         std::fs::create_dir_all(&dir).map_err(|e| io_err(&dir, "creating", e))?;
         let mpath = dir.join(MANIFEST);
         if !mpath.exists() {
-            let body = serde_json::to_vec(&manifest).map_err(|e| e.to_string())?;
-            let tmp = dir.join("manifest.json.tmp");
-            std::fs::write(&tmp, body).map_err(|e| io_err(&tmp, "writing", e))?;
-            std::fs::rename(&tmp, &mpath).map_err(|e| io_err(&mpath, "writing", e))?;
+            manifest.write_file(&mpath)?;
         }
         Self::open_dir(dir, manifest)
     }
 
     /// Opens an existing cache directory, its manifest read and checked from it.
     pub fn open_existing(dir: &Path) -> Result<ShardCache, String> {
-        let mpath = dir.join(MANIFEST);
-        let bytes = std::fs::read(&mpath).map_err(|e| io_err(&mpath, "reading", e))?;
-        let root: String = serde_json::from_slice::<serde_json::Value>(&bytes)
-            .ok()
-            .and_then(|v| v.get("root").and_then(|r| r.as_str()).map(String::from))
-            .ok_or_else(|| format!("{} names no root", mpath.display()))?;
-        let m = Manifest::parse_checked(&bytes, &root)
-            .map_err(|e| format!("{}: {e}", mpath.display()))?;
+        let m = Manifest::read_file(&dir.join(MANIFEST))?;
         Self::open_dir(dir.to_path_buf(), m)
     }
 
     fn open_dir(dir: PathBuf, manifest: Manifest) -> Result<ShardCache, String> {
+        let lock = lock_dir(&dir)?;
         let rw = |p: &Path| {
             OpenOptions::new()
                 .read(true)
@@ -178,6 +193,7 @@ impl ShardCache {
             dir,
             manifest: Arc::new(manifest),
             state: Mutex::new(state),
+            _lock: lock,
         };
         cache.touch();
         Ok(cache)
@@ -487,6 +503,9 @@ pub struct CacheEntry {
     pub model_bytes: u64,
     /// Seconds since it was last used.
     pub idle_s: u64,
+    /// Its directory (not sent: where eviction removes it).
+    #[serde(skip)]
+    pub dir: PathBuf,
 }
 
 /// Allocated bytes of every file in `dir` (sparse holes take none).
@@ -512,6 +531,10 @@ pub fn list(shards: &Path) -> Vec<CacheEntry> {
                     let dir = e.path();
                     let bytes = std::fs::read(dir.join(MANIFEST)).ok()?;
                     let m: Manifest = serde_json::from_slice(&bytes).ok()?;
+                    let hex = m.root.len() == 64 && m.root.bytes().all(|b| b.is_ascii_hexdigit());
+                    if !hex || dir != ShardCache::dir_for(shards, &m.root) {
+                        return None;
+                    }
                     let used = std::fs::metadata(dir.join(USED))
                         .and_then(|m| m.modified())
                         .unwrap_or(SystemTime::UNIX_EPOCH);
@@ -523,6 +546,7 @@ pub fn list(shards: &Path) -> Vec<CacheEntry> {
                             root: m.root,
                             disk_bytes: disk_bytes(&dir),
                             idle_s: now.duration_since(used).map(|d| d.as_secs()).unwrap_or(0),
+                            dir: dir.clone(),
                         },
                     ))
                 })
@@ -546,14 +570,19 @@ pub fn evict(shards: &Path, limit: u64, keep: &str) -> Vec<CacheEntry> {
         if e.root == keep {
             continue;
         }
-        let dir = ShardCache::dir_for(shards, &e.root);
+        // A model another process has open is not removed under it.
+        let Ok(lock) = lock_dir(&e.dir) else {
+            continue;
+        };
+        let dir = e.dir.clone();
+        drop(lock);
         match std::fs::remove_dir_all(&dir) {
             Ok(()) => {
                 total -= e.disk_bytes;
                 tracing::info!(
                     "shard cache over its limit: evicted {} ({}, {} bytes)",
                     e.model,
-                    &e.root[..16.min(e.root.len())],
+                    e.root.get(..16).unwrap_or(&e.root),
                     e.disk_bytes
                 );
                 removed.push(e);

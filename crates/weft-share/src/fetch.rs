@@ -96,26 +96,40 @@ pub fn fetch(
     let total: u64 = missing.iter().map(size).sum();
     let done = AtomicU64::new(0);
     progress(0, total);
-    let mut holdings = Vec::new();
-    for s in sources.iter_mut() {
-        let mut r = SourceReport {
+    // The log is written even when the fetch fails part-way: what was stored stays.
+    struct FlushOnExit<'a>(&'a ShardCache);
+    impl Drop for FlushOnExit<'_> {
+        fn drop(&mut self) {
+            let _ = self.0.flush_log();
+        }
+    }
+    let _flush = FlushOnExit(cache);
+    report.sources = sources
+        .iter()
+        .map(|s| SourceReport {
             name: s.name(),
             ..SourceReport::default()
-        };
-        match s.holding() {
-            Ok(h) => holdings.push(Some(h)),
-            Err(e) => {
-                tracing::warn!("shard holder {}: {e}", r.name);
-                r.failed = Some(e);
-                holdings.push(None);
-            }
-        }
-        report.sources.push(r);
-    }
+        })
+        .collect();
+    let mut holdings: Vec<Option<Holding>> = vec![None; sources.len()];
     // Holders that sent a bad copy of a piece are not asked for it again while another has it.
     let mut shunned: HashMap<Piece, Vec<usize>> = HashMap::new();
     let mut bad_count: HashMap<Piece, usize> = HashMap::new();
     while !missing.is_empty() {
+        // What each working holder has now: nodes fetching at the same time gain pieces.
+        for (i, s) in sources.iter_mut().enumerate() {
+            if report.sources[i].failed.is_some() {
+                continue;
+            }
+            match s.holding() {
+                Ok(h) => holdings[i] = Some(h),
+                Err(e) => {
+                    tracing::warn!("shard holder {}: {e}", report.sources[i].name);
+                    report.sources[i].failed = Some(e);
+                    holdings[i] = None;
+                }
+            }
+        }
         let mut queues: Vec<Vec<Piece>> = vec![Vec::new(); sources.len()];
         let mut load = vec![0u64; sources.len()];
         let mut orphans = Vec::new();

@@ -32,6 +32,11 @@ impl Serialize for Hashes {
 impl<'de> Deserialize<'de> for Hashes {
     fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
         let s = String::deserialize(d)?;
+        if !s.is_ascii() {
+            return Err(serde::de::Error::custom(
+                "a hash list holds non-hex characters",
+            ));
+        }
         if !s.len().is_multiple_of(64) {
             return Err(serde::de::Error::custom(format!(
                 "a hash list of {} hex digits, not a multiple of 64",
@@ -80,6 +85,23 @@ pub struct PartManifest {
     pub header_len: u64,
     /// BLAKE3 of each `chunk_size` bytes (the last one shorter).
     pub chunks: Hashes,
+}
+
+impl PartManifest {
+    /// Part `p` of a model with these chunk hashes.
+    pub fn new(p: &weft_gguf::PartLayout, chunks: Vec<Hash>) -> Self {
+        PartManifest {
+            name: p
+                .path
+                .file_name()
+                .map(|n| n.to_string_lossy().into_owned())
+                .unwrap_or_default(),
+            len: p.len,
+            base: p.base,
+            header_len: p.header_len,
+            chunks: Hashes(chunks),
+        }
+    }
 }
 
 /// One matrix's column strips: strip (slab, block) is block `block` of every row of slab
@@ -142,22 +164,13 @@ impl Manifest {
             .iter()
             .map(|p| {
                 let bytes = file.slice(p.base as usize..(p.base + p.len) as usize);
-                PartManifest {
-                    name: p
-                        .path
-                        .file_name()
-                        .map(|n| n.to_string_lossy().into_owned())
-                        .unwrap_or_default(),
-                    len: p.len,
-                    base: p.base,
-                    header_len: p.header_len,
-                    chunks: Hashes(
-                        bytes
-                            .chunks(chunk_size as usize)
-                            .map(|c| *blake3::hash(c).as_bytes())
-                            .collect(),
-                    ),
-                }
+                PartManifest::new(
+                    p,
+                    bytes
+                        .chunks(chunk_size as usize)
+                        .map(|c| *blake3::hash(c).as_bytes())
+                        .collect(),
+                )
             })
             .collect();
         let strips = strip_sets(file)
@@ -230,18 +243,30 @@ impl Manifest {
                 "the manifest hashes to {computed}, not the model's root {root}"
             ));
         }
-        if m.chunk_size < 4096 || !m.chunk_size.is_power_of_two() {
+        if m.chunk_size < 4096 || m.chunk_size > 1 << 30 || !m.chunk_size.is_power_of_two() {
             return Err(format!("manifest chunk size {} is invalid", m.chunk_size));
         }
-        let mut base = 0;
+        const RESERVED: [&str; 7] = [
+            "lock",
+            "manifest.json",
+            "manifest.json.tmp",
+            "strips.bin",
+            "pieces.log",
+            "pieces.log.tmp",
+            "used",
+        ];
+        let mut base = 0u64;
+        let mut names = std::collections::HashSet::new();
         for p in &m.parts {
             let name_ok = !p.name.is_empty()
                 && p.name != "."
                 && p.name != ".."
-                && !p.name.contains(['/', '\\', '\0']);
+                && !p.name.contains(['/', '\\', '\0'])
+                && !RESERVED.contains(&p.name.as_str())
+                && names.insert(p.name.as_str());
             if !name_ok {
                 return Err(format!(
-                    "manifest part name {:?} is not a file name",
+                    "manifest part name {:?} is not a file name of its own",
                     p.name
                 ));
             }
@@ -251,18 +276,54 @@ impl Manifest {
             {
                 return Err(format!("manifest part {} has inconsistent lengths", p.name));
             }
-            base += p.len;
+            base = base
+                .checked_add(p.len)
+                .ok_or_else(|| format!("manifest part {} overflows the model's length", p.name))?;
         }
         for s in &m.strips {
-            let ok = s.block_bytes > 0
-                && s.row_bytes.is_multiple_of(s.block_bytes)
-                && s.hashes.0.len() as u64 == s.slabs * s.blocks_per_row()
-                && s.start + s.slabs * s.rows_per_slab * s.row_bytes <= base;
-            if !ok {
-                return Err(format!("manifest strips of {} are inconsistent", s.tensor));
+            let bad = || format!("manifest strips of {} are inconsistent", s.tensor);
+            if s.block_bytes == 0
+                || s.rows_per_slab == 0
+                || !s.row_bytes.is_multiple_of(s.block_bytes)
+                || s.blocks_per_row() < 2
+            {
+                return Err(bad());
+            }
+            let len = s
+                .slabs
+                .checked_mul(s.rows_per_slab)
+                .and_then(|r| r.checked_mul(s.row_bytes))
+                .ok_or_else(bad)?;
+            let count = s.slabs.checked_mul(s.blocks_per_row()).ok_or_else(bad)?;
+            let end = s.start.checked_add(len).ok_or_else(bad)?;
+            let part = m.part_of(s.start).ok_or_else(bad)?;
+            let p = &m.parts[part];
+            if s.hashes.0.len() as u64 != count || end > p.base + p.len {
+                return Err(bad());
             }
         }
         Ok(m)
+    }
+
+    /// A manifest saved as JSON at `path`, checked against the root it names itself.
+    pub fn read_file(path: &std::path::Path) -> Result<Manifest, String> {
+        let bytes = std::fs::read(path).map_err(|e| format!("reading {}: {e}", path.display()))?;
+        let root = serde_json::from_slice::<serde_json::Value>(&bytes)
+            .ok()
+            .and_then(|v| v.get("root").and_then(|r| r.as_str()).map(String::from))
+            .ok_or_else(|| format!("{} names no root", path.display()))?;
+        Self::parse_checked(&bytes, &root).map_err(|e| format!("{}: {e}", path.display()))
+    }
+
+    /// Saves this manifest at `path` (written whole, then renamed into place).
+    pub fn write_file(&self, path: &std::path::Path) -> Result<(), String> {
+        if let Some(dir) = path.parent() {
+            std::fs::create_dir_all(dir).map_err(|e| format!("creating {}: {e}", dir.display()))?;
+        }
+        let body = serde_json::to_vec(self).map_err(|e| e.to_string())?;
+        let tmp = path.with_extension("json.tmp");
+        std::fs::write(&tmp, body).map_err(|e| format!("writing {}: {e}", tmp.display()))?;
+        std::fs::rename(&tmp, path).map_err(|e| format!("writing {}: {e}", path.display()))
     }
 
     pub fn total_len(&self) -> u64 {

@@ -5,7 +5,7 @@
 
 use weft_gguf::GgufFile;
 
-use crate::manifest::{chunk_size_for, hash_strips, strip_sets, Hashes, Manifest, PartManifest};
+use crate::manifest::{chunk_size_for, hash_strips, strip_sets, Manifest, PartManifest};
 
 /// Hashes what `read(part, sink)` streams of every part of `headers`' model. `headers`
 /// knows the tensors (its data may be absent); `read` calls `sink` with the part's bytes
@@ -18,6 +18,17 @@ pub fn build_streaming(
     let total: u64 = layout.iter().map(|p| p.len).sum();
     let chunk_size = chunk_size_for(total);
     let mut sets = strip_sets(headers);
+    // Streamed tensors are taken one after another: two that overlap cannot be.
+    let mut by_start: Vec<&crate::manifest::StripSet> = sets.iter().collect();
+    by_start.sort_by_key(|s| s.start);
+    for w in by_start.windows(2) {
+        if w[0].start + w[0].slabs * w[0].rows_per_slab * w[0].row_bytes > w[1].start {
+            return Err(format!(
+                "tensors {} and {} overlap",
+                w[0].tensor, w[1].tensor
+            ));
+        }
+    }
     let mut parts = Vec::new();
     for (i, p) in layout.iter().enumerate() {
         let mut chunks = Vec::new();
@@ -77,17 +88,7 @@ pub fn build_streaming(
                 p.len
             ));
         }
-        parts.push(PartManifest {
-            name: p
-                .path
-                .file_name()
-                .map(|n| n.to_string_lossy().into_owned())
-                .unwrap_or_default(),
-            len: p.len,
-            base: p.base,
-            header_len: p.header_len,
-            chunks: Hashes(chunks),
-        });
+        parts.push(PartManifest::new(p, chunks));
     }
     Ok(Manifest::assemble(chunk_size, parts, sets))
 }

@@ -344,3 +344,37 @@ fn eviction_takes_the_least_recently_used_model_and_never_the_one_in_use() {
         .collect();
     assert_eq!(left, [roots[0].clone(), roots[2].clone()]);
 }
+
+#[test]
+fn strips_cut_off_by_a_kill_are_trimmed_and_written_again() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_, f) = model(dir.path());
+    let m = Manifest::build(&f);
+    let shards = dir.path().join("shards");
+    let strip = |index| Piece::Strip { set: 1, index };
+    let bytes = |index| crate::cache::strip_from_file(&m, &f, 1, index).unwrap();
+    {
+        let c = ShardCache::open(&shards, m.clone()).unwrap();
+        c.put(strip(0), &bytes(0)).unwrap();
+        c.put(strip(1), &bytes(1)).unwrap();
+    }
+    // A kill mid-write: half a strip past the logged ones, no log line for it.
+    let sdir = ShardCache::dir_for(&shards, &m.root);
+    let mut raw = std::fs::read(sdir.join("strips.bin")).unwrap();
+    let logged = raw.len();
+    raw.extend_from_slice(&bytes(2)[..100]);
+    std::fs::write(sdir.join("strips.bin"), &raw).unwrap();
+    let c = ShardCache::open(&shards, m.clone()).unwrap();
+    assert!(c.has(strip(0)) && c.has(strip(1)) && !c.has(strip(2)));
+    assert_eq!(
+        std::fs::metadata(sdir.join("strips.bin")).unwrap().len() as usize,
+        logged
+    );
+    c.put(strip(2), &bytes(2)).unwrap();
+    for i in 0..3 {
+        assert_eq!(c.get(strip(i)), Some(bytes(i)));
+    }
+    // A second process cannot open the same cache while this one has it.
+    let err = ShardCache::open(&shards, m.clone()).err().unwrap();
+    assert!(err.contains("in use"), "{err}");
+}

@@ -67,6 +67,14 @@ pub fn open(
     // process's copy, or from the hub it names, and from each other. Local nodes
     // (--nodes) read the file itself.
     let sharing = l.nodes.is_none();
+    if !sharing && crate::model_source::hub_spec(model).is_some() {
+        bail!(
+            "{}: local nodes (--nodes) read the model file itself; `weft pull {}` first, \
+             or give --peers to share it from the hub",
+            model.display(),
+            model.display()
+        );
+    }
     let (file, share) = crate::model_source::open_shared(
         model,
         sharing,

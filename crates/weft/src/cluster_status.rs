@@ -237,7 +237,7 @@ fn print_caches(
             outln!(
                 "  {} ({}): {} of {} held, used {} s ago",
                 e.model,
-                &e.root[..16.min(e.root.len())],
+                e.root.get(..16).unwrap_or("?"),
                 human_bytes(e.disk_bytes as u128),
                 human_bytes(e.model_bytes as u128),
                 e.idle_s

@@ -27,12 +27,14 @@ fn hosts() -> &'static Mutex<HashMap<String, Arc<ShareHost>>> {
     M.get_or_init(Default::default)
 }
 
-/// `model` as a hub repository, when it is no file here and reads as OWNER/REPO[:QUANT].
+/// `model` as a hub repository, when it is no file here and reads as OWNER/REPO[:QUANT]
+/// (a missing `*.gguf` path is a missing file, not a repository).
 pub fn hub_spec(model: &Path) -> Option<RepoSpec> {
-    if model.exists() {
+    let s = model.to_str()?;
+    if model.exists() || s.ends_with(".gguf") {
         return None;
     }
-    model.to_str()?.parse().ok()
+    s.parse().ok()
 }
 
 fn open_any(model: &Path) -> Result<Opened> {
