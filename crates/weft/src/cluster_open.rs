@@ -66,11 +66,11 @@ pub fn open(
     // Nodes reached with --peers may lack the model: they fetch their shards from this
     // process's copy, or from the hub it names, and from each other. Local nodes
     // (--nodes) read the file itself.
-    let sharing = l.nodes.is_none();
+    let sharing = l.nodes.is_none() && !l.no_share;
     if !sharing && crate::model_source::hub_spec(model).is_some() {
         bail!(
-            "{}: local nodes (--nodes) read the model file itself; `weft pull {}` first, \
-             or give --peers to share it from the hub",
+            "{}: without sharing (--nodes or --no-share) every node reads the model file \
+             itself; `weft pull {}` first, or give --peers to share it from the hub",
             model.display(),
             model.display()
         );

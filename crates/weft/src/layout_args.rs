@@ -17,6 +17,10 @@ pub struct LayoutArgs {
     /// Cluster secret for --peers (or WEFT_SECRET); --nodes makes its own.
     #[arg(long)]
     pub secret: Option<String>,
+    /// With --peers: do not share the model; every node must hold its own copy (by
+    /// default a node without one fetches its shard from this process and the others).
+    #[arg(long)]
+    pub no_share: bool,
     /// Tensor-parallel size of each pipeline stage.
     #[arg(long)]
     pub tp: Option<usize>,

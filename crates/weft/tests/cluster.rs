@@ -360,7 +360,9 @@ impl Drop for Netns {
 }
 
 /// A node opens only model files in its model directories (or its own --model): a
-/// coordinator cannot make it read any other path.
+/// coordinator cannot make it read any other path. Without sharing (--no-share) the run
+/// fails naming the path; with sharing the node fetches its shard from the coordinator
+/// instead of opening the path.
 #[test]
 fn a_node_refuses_a_model_outside_its_directories() {
     let models = tempfile::tempdir().unwrap();
@@ -384,7 +386,26 @@ fn a_node_refuses_a_model_outside_its_directories() {
         .unwrap();
     let addr = common::listening_on(&mut c, "weft node");
     let _nodes = Kill(vec![c]);
-    let out = run_on_peers(&model, &addr, SECRET);
+    let unshared = |model: &str| {
+        common::weft(&[
+            "run",
+            "--model",
+            model,
+            "--prompt",
+            "hi",
+            "-n",
+            "2",
+            "--temperature",
+            "0",
+            "--json",
+            "--peers",
+            &addr,
+            "--secret",
+            SECRET,
+            "--no-share",
+        ])
+    };
+    let out = unshared(&model);
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(
@@ -394,10 +415,22 @@ fn a_node_refuses_a_model_outside_its_directories() {
     // A link that leads out of the directory is followed, and refused too.
     let link = models.path().join("link.gguf");
     std::os::unix::fs::symlink(&model, &link).unwrap();
-    let out = run_on_peers(link.to_str().unwrap(), &addr, SECRET);
+    let out = unshared(link.to_str().unwrap());
     assert!(!out.status.success());
-    // The same file inside the directory is served.
+    // Shared: the node takes its shard from the coordinator (fetched now, or from the
+    // cache of an earlier run: the synthetic model is the same every time) rather than
+    // open the path.
+    let shared = ok_json(&run_on_peers(&model, &addr, SECRET));
+    let f = &shared["fetched"][0];
+    let n = |k: &str| f[k].as_u64().unwrap();
+    assert!(n("wanted") > 0, "{shared}");
+    assert!(
+        n("fetched_bytes") > 0 || n("already") == n("wanted"),
+        "{shared}"
+    );
+    // The same file inside the directory is served from the node's own copy.
     let inside = models.path().join("m.gguf");
     std::fs::copy(&model, &inside).unwrap();
-    ok_json(&run_on_peers(inside.to_str().unwrap(), &addr, SECRET));
+    let own = ok_json(&run_on_peers(inside.to_str().unwrap(), &addr, SECRET));
+    assert!(own["fetched"][0].is_null(), "{own}");
 }
