@@ -3,7 +3,8 @@
 # its own network namespace (veth pairs on a bridge, 10.79.0.0/24) with an empty weft home.
 # Reports, in one run:
 #   1. the link's TCP bandwidth (one stream, 1 GiB, Python sockets) beside the rate at
-#      which a node fetched its shard (the whole model, one node) over the same link;
+#      which a node fetched its shard (the whole model, one node) over the same link,
+#      alternated ROUNDS times (default 5), the median ratio reported;
 #   2. the time to the first token of a cold two-node cluster (TP=2, each node fetching
 #      only its shard) beside one whose nodes first copy the whole file over the same
 #      links (both copies at once, as a user would start them) and then load it.
@@ -88,18 +89,26 @@ link() {
 }
 
 # 1. Link bandwidth (1 GiB, one TCP stream into namespace 1) and one node fetching the
-# whole model over it from an empty cache, alternated three times.
-for round in 1 2 3; do
+# whole model over it from an empty cache, alternated ROUNDS times (default 5); the
+# median of the ratios is the figure. Each round's cache is deleted before the next, so
+# every round writes into memory the system has had before (on a VM, pages touched for
+# the first time cost the host a fault each, which no real machine pays).
+RATIOS=()
+for round in $(seq "${ROUNDS:-5}"); do
   LINK=$(link)
-  A=$(node 1 "$(home solo$round)")
+  A=$(node 1 "$(home solo)")
   OUT=$(run "$A" --tp 1)
-  echo "$OUT" | python3 -c "
+  R=$(echo "$OUT" | python3 -c "
 import json, sys
 f = json.load(sys.stdin)['fetched'][0]
 mb = f['fetched_bytes'] / f['seconds'] / 1e6
-print(f\"round $round: link $LINK MB/s; fetch {f['fetched_bytes']} bytes in {f['seconds']:.2f}s = {mb:.0f} MB/s, {100 * mb / $LINK:.0f} % of the link\")"
+print(f\"{100 * mb / $LINK:.1f} round $round: link $LINK MB/s; fetch {f['fetched_bytes']} bytes in {f['seconds']:.2f}s = {mb:.0f} MB/s, {100 * mb / $LINK:.0f} % of the link\")")
+  echo "${R#* }"
+  RATIOS+=("${R%% *}")
   stop_nodes
+  rm -rf "$WORK/solo"
 done
+echo "fetch/link over ${#RATIOS[@]} rounds: median $(printf '%s\n' "${RATIOS[@]}" | sort -n | awk '{a[NR]=$1} END{print a[int((NR+1)/2)]}') %, best $(printf '%s\n' "${RATIOS[@]}" | sort -n | tail -1) %"
 
 # 2a. Cold TP=2: each node fetches only its shard. Wall time of the whole run, and setup.
 A=$(node 1 "$(home cold1)"); B=$(node 2 "$(home cold2)")

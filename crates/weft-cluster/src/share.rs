@@ -34,6 +34,9 @@ const ERROR: u8 = 2;
 const MAX_ASK: u32 = 4096;
 /// A reply longer than this is refused (a manifest of 2^16 chunks and strips is far less).
 const MAX_REPLY: u64 = 1 << 30;
+/// Pieces asked in one request, and requests in flight at once on a connection.
+const BATCH: usize = 64;
+const AHEAD: usize = 2;
 /// How long a holder may be silent in the middle of a reply.
 const READ_TIMEOUT: Duration = Duration::from_secs(30);
 /// Connections the coordinator's share port serves (and authenticates) at once.
@@ -278,8 +281,9 @@ impl PeerSource {
             )?;
             s.set_read_timeout(Some(READ_TIMEOUT))
                 .map_err(|e| e.to_string())?;
-            // Small, so a piece's body is read past it straight into its buffer.
-            let r = BufReader::with_capacity(16 << 10, s.try_clone().map_err(|e| e.to_string())?);
+            // A reply's header and no more: a piece's body is then read past this buffer
+            // straight into the caller's, not copied through it.
+            let r = BufReader::with_capacity(9, s.try_clone().map_err(|e| e.to_string())?);
             self.stream = Some((r, s));
         }
         self.stream.as_mut().ok_or_else(|| "no connection".into())
@@ -295,6 +299,14 @@ impl PeerSource {
     }
 
     fn read_reply(&mut self) -> Result<(u8, Vec<u8>), String> {
+        let mut body = Vec::new();
+        let status = self.read_reply_into(&mut body)?;
+        Ok((status, body))
+    }
+
+    /// Reads one reply's body into `body` (cleared first; its capacity is kept, so a
+    /// fetch reuses one buffer that stays in the core's cache) and returns its status.
+    fn read_reply_into(&mut self, body: &mut Vec<u8>) -> Result<u8, String> {
         let (r, _) = self.conn()?;
         let mut head = [0u8; 9];
         r.read_exact(&mut head)
@@ -305,10 +317,11 @@ impl PeerSource {
                 "a reply of {len} bytes, over the {MAX_REPLY}-byte limit"
             ));
         }
-        // Read into fresh capacity, not zeroed memory: a piece's bytes are written once.
-        let mut body = Vec::with_capacity(len as usize);
+        body.clear();
+        // Read into spare capacity, not zeroed memory: a piece's bytes are written once.
+        body.reserve(len as usize);
         r.take(len)
-            .read_to_end(&mut body)
+            .read_to_end(body)
             .map_err(|e| format!("reading a reply: {e}"))?;
         if body.len() as u64 != len {
             return Err(format!(
@@ -317,9 +330,17 @@ impl PeerSource {
             ));
         }
         if head[0] == ERROR {
-            return Err(format!("it answered: {}", String::from_utf8_lossy(&body)));
+            return Err(format!("it answered: {}", String::from_utf8_lossy(body)));
         }
-        Ok((head[0], body))
+        Ok(head[0])
+    }
+
+    fn ask_pieces(&mut self, pieces: &[Piece]) -> Result<(), String> {
+        let mut extra = (pieces.len() as u32).to_le_bytes().to_vec();
+        for &p in pieces {
+            encode_piece(p, &mut extra);
+        }
+        self.ask(OP_PIECES, &extra)
     }
 
     fn fail(&mut self, e: String) -> String {
@@ -354,21 +375,32 @@ impl Source for PeerSource {
     fn fetch(
         &mut self,
         pieces: &[Piece],
-        got: &mut dyn FnMut(Piece, Vec<u8>) -> bool,
+        got: &(dyn Fn(Piece, &[u8]) -> bool + Sync),
     ) -> Result<(), String> {
-        let mut extra = (pieces.len() as u32).to_le_bytes().to_vec();
-        for &p in pieces {
-            encode_piece(p, &mut extra);
+        // Requests of BATCH pieces, AHEAD of them in flight: the holder finds the next
+        // request waiting when it ends one, so its socket never runs dry between them.
+        // One connection: two, each on its own thread, were slower on two cores (the
+        // receiving end's copying, hashing and storing already fill one core, and the
+        // sender and the network stack the other).
+        let batches = pieces.chunks(BATCH);
+        let mut ahead = batches.clone();
+        for batch in ahead.by_ref().take(AHEAD - 1) {
+            self.ask_pieces(batch).map_err(|e| self.fail(e))?;
         }
-        self.ask(OP_PIECES, &extra).map_err(|e| self.fail(e))?;
-        for &p in pieces {
-            let (status, body) = self.read_reply().map_err(|e| self.fail(e))?;
-            if status != OK {
-                // It held the piece when asked what it holds; now it does not.
-                return Err(self.fail(format!("it no longer holds {p:?}")));
+        let mut body = Vec::new();
+        for batch in batches {
+            if let Some(next) = ahead.next() {
+                self.ask_pieces(next).map_err(|e| self.fail(e))?;
             }
-            if !got(p, body) {
-                return Err(self.fail("stopped".into()));
+            for &p in batch {
+                let status = self.read_reply_into(&mut body).map_err(|e| self.fail(e))?;
+                if status != OK {
+                    // It held the piece when asked what it holds; now it does not.
+                    return Err(self.fail(format!("it no longer holds {p:?}")));
+                }
+                if !got(p, &body) {
+                    return Err(self.fail("stopped".into()));
+                }
             }
         }
         Ok(())

@@ -1,5 +1,5 @@
-//! A hub's files as a holder of every piece (weft-share's `Source`): a chunk is one HTTP
-//! Range request; a column strip is the rows of its slab in one request, gathered (a hub
+//! A hub's files as a holder of every piece (weft-share's `Source`): a run of consecutive
+//! chunks is one HTTP Range request; a column strip is the rows of its slab in one request, gathered (a hub
 //! cannot send scattered bytes, so a strip costs its slab's bytes on the wire, and the
 //! slab is kept for the next strips of the same slab).
 
@@ -12,6 +12,8 @@ use crate::client::HubClient;
 
 /// Tries of one Range request.
 const ATTEMPTS: u32 = 4;
+/// Bytes of consecutive chunks asked in one Range request.
+const MAX_RUN: u64 = 8 << 20;
 
 pub struct HubSource {
     client: HubClient,
@@ -109,13 +111,50 @@ impl Source for HubSource {
     fn fetch(
         &mut self,
         pieces: &[Piece],
-        got: &mut dyn FnMut(Piece, Vec<u8>) -> bool,
+        got: &(dyn Fn(Piece, &[u8]) -> bool + Sync),
     ) -> Result<(), String> {
-        for &p in pieces {
-            let bytes = self.piece(p)?;
-            if !got(p, bytes) {
-                break;
+        let mut rest = pieces;
+        while let Some(&first) = rest.first() {
+            let Piece::Chunk { part, index } = first else {
+                let bytes = self.piece(first)?;
+                if !got(first, &bytes) {
+                    return Ok(());
+                }
+                rest = &rest[1..];
+                continue;
+            };
+            // A run of consecutive chunks of one part is one Range request: a round
+            // trip to a hub costs far more than the 64 KiB of one chunk.
+            let chunk = self.manifest.chunk_size;
+            let run = rest
+                .iter()
+                .enumerate()
+                .take_while(|&(k, p)| {
+                    let next = index.checked_add(k as u32);
+                    next.is_some_and(|index| *p == Piece::Chunk { part, index })
+                        && (k as u64 + 1) * chunk <= MAX_RUN
+                })
+                .count()
+                .max(1);
+            let start = self
+                .manifest
+                .chunk_range(part as usize, index as u64)
+                .ok_or_else(|| format!("{first:?} is not in the manifest"))?
+                .start;
+            let end = self
+                .manifest
+                .chunk_range(part as usize, index as u64 + run as u64 - 1)
+                .ok_or_else(|| format!("{:?} is not in the manifest", rest[run - 1]))?
+                .end;
+            let bytes = self.read(start..end)?;
+            for (k, p) in rest[..run].iter().enumerate() {
+                let from = k * chunk as usize;
+                let to = (from + chunk as usize).min(bytes.len());
+                if !got(*p, &bytes[from..to]) {
+                    return Ok(());
+                }
             }
+            rest = &rest[run..];
         }
         Ok(())
     }

@@ -5,7 +5,7 @@
 //! fails hands its remaining pieces to the others.
 
 use std::collections::{BTreeSet, HashMap, HashSet};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Mutex;
 use std::time::Instant;
 
@@ -35,12 +35,13 @@ pub trait Source: Send {
     /// The manifest of model `root`, as JSON (checked by the caller).
     fn manifest(&mut self, root: &str) -> Result<Vec<u8>, String>;
     fn holding(&mut self) -> Result<Holding, String>;
-    /// Fetches `pieces` (pipelined), calling `got` with each in order; `got` returns false
-    /// to stop early. An `Err` means the holder cannot be used any more.
+    /// Fetches `pieces` (a holder's whole queue, requests kept in flight as the source
+    /// sees fit, maybe on several connections at once), calling `got` with each piece
+    /// as it arrives; `got` returns false to stop early. An `Err` means the holder cannot be used any more.
     fn fetch(
         &mut self,
         pieces: &[Piece],
-        got: &mut dyn FnMut(Piece, Vec<u8>) -> bool,
+        got: &(dyn Fn(Piece, &[u8]) -> bool + Sync),
     ) -> Result<(), String>;
 }
 
@@ -72,8 +73,6 @@ pub struct FetchReport {
 
 /// Bad copies of one piece tolerated before the fetch gives up on it.
 const MAX_BAD: usize = 3;
-/// Pieces asked of a holder in one pipelined request.
-const BATCH: usize = 64;
 
 /// Fetches every piece of `wanted` the cache lacks. `progress(done, total)` is called as
 /// bytes arrive.
@@ -168,6 +167,8 @@ pub fn fetch(
         }
         let failed: Mutex<Vec<(Piece, usize, bool)>> = Mutex::new(Vec::new());
         let io_error: Mutex<Option<String>> = Mutex::new(None);
+        // Set with io_error: every holder's thread stops asking.
+        let stop = AtomicBool::new(false);
         let results: Vec<(usize, SourceReport)> = std::thread::scope(|sc| {
             let handles: Vec<_> = sources
                 .iter_mut()
@@ -175,73 +176,67 @@ pub fn fetch(
                 .enumerate()
                 .filter(|(_, (_, q))| !q.is_empty())
                 .map(|(i, (src, queue))| {
-                    let (failed, io_error, done) = (&failed, &io_error, &done);
+                    let (failed, io_error, done, stop) = (&failed, &io_error, &done, &stop);
                     sc.spawn(move || {
                         let name = src.name();
-                        // Receiving and checking run on two threads: hashing and writing
-                        // a piece overlap with reading the next from the network.
-                        let (tx, rx) = std::sync::mpsc::sync_channel::<(Piece, Vec<u8>)>(32);
-                        std::thread::scope(|inner| {
-                            let name2 = name.clone();
-                            let store = inner.spawn(move || {
-                                let mut r = SourceReport::default();
-                                for (p, bytes) in rx {
-                                    match cache.put(p, &bytes) {
-                                        Ok(()) => {
-                                            r.bytes += bytes.len() as u64;
-                                            r.pieces += 1;
-                                            let n = bytes.len() as u64;
-                                            let d = done.fetch_add(n, Ordering::Relaxed);
-                                            progress(d + n, total);
-                                        }
-                                        Err(PutError::Bad(why)) => {
-                                            tracing::warn!(
-                                                "shard holder {name2} sent a bad piece: {why}; asking again"
-                                            );
-                                            r.bad += 1;
-                                            if let Ok(mut f) = failed.lock() {
-                                                f.push((p, i, true));
-                                            }
-                                        }
-                                        Err(PutError::Io(e)) => {
-                                            if let Ok(mut x) = io_error.lock() {
-                                                *x = Some(e);
-                                            }
-                                            break;
-                                        }
-                                    }
+                        let (bytes_in, pieces_in, bad_in) =
+                            (AtomicU64::new(0), AtomicUsize::new(0), AtomicUsize::new(0));
+                        // Each piece is checked and stored on the thread that received
+                        // it, while its bytes are still in that core's cache: a hand-off
+                        // to another thread cost more in memory traffic and wake-ups
+                        // than it gained (the socket's buffer keeps the link busy
+                        // meanwhile).
+                        let res = src.fetch(&queue, &|p, bytes| {
+                            if stop.load(Ordering::Relaxed) {
+                                return false;
+                            }
+                            match cache.put(p, bytes) {
+                                Ok(()) => {
+                                    let n = bytes.len() as u64;
+                                    bytes_in.fetch_add(n, Ordering::Relaxed);
+                                    pieces_in.fetch_add(1, Ordering::Relaxed);
+                                    let d = done.fetch_add(n, Ordering::Relaxed);
+                                    progress(d + n, total);
+                                    true
                                 }
-                                r
-                            });
-                            let mut failure = None;
-                            let mut got_upto = 0usize;
-                            for batch in queue.chunks(BATCH) {
-                                let mut next = 0usize;
-                                let res = src.fetch(batch, &mut |p, bytes| {
-                                    next += 1;
-                                    tx.send((p, bytes)).is_ok()
-                                });
-                                got_upto += next;
-                                if let Err(e) = res {
+                                Err(PutError::Bad(why)) => {
                                     tracing::warn!(
-                                        "shard holder {name} failed ({e}); its {} remaining pieces go to the others",
-                                        queue.len() - got_upto
+                                        "shard holder {name} sent a bad piece: {why}; asking again"
                                     );
+                                    bad_in.fetch_add(1, Ordering::Relaxed);
                                     if let Ok(mut f) = failed.lock() {
-                                        f.extend(queue[got_upto..].iter().map(|&p| (p, i, false)));
+                                        f.push((p, i, true));
                                     }
-                                    failure = Some(e);
-                                    break;
+                                    true
                                 }
-                                if io_error.lock().map(|x| x.is_some()).unwrap_or(true) {
-                                    break;
+                                Err(PutError::Io(e)) => {
+                                    if let Ok(mut x) = io_error.lock() {
+                                        *x = Some(e);
+                                    }
+                                    stop.store(true, Ordering::Relaxed);
+                                    false
                                 }
                             }
-                            drop(tx);
-                            let mut r = store.join().unwrap_or_default();
-                            r.failed = failure;
-                            (i, r)
-                        })
+                        });
+                        if let Err(e) = &res {
+                            let left: Vec<Piece> =
+                                queue.iter().filter(|p| !cache.has(**p)).copied().collect();
+                            tracing::warn!(
+                                "shard holder {name} failed ({e}); its {} remaining pieces go to the others",
+                                left.len()
+                            );
+                            if let Ok(mut f) = failed.lock() {
+                                f.extend(left.into_iter().map(|p| (p, i, false)));
+                            }
+                        }
+                        let r = SourceReport {
+                            bytes: bytes_in.into_inner(),
+                            pieces: pieces_in.into_inner(),
+                            bad: bad_in.into_inner(),
+                            failed: res.err(),
+                            ..SourceReport::default()
+                        };
+                        (i, r)
                     })
                 })
                 .collect();

@@ -194,7 +194,7 @@ impl Source for Fake {
     fn fetch(
         &mut self,
         pieces: &[Piece],
-        got: &mut dyn FnMut(Piece, Vec<u8>) -> bool,
+        got: &(dyn Fn(Piece, &[u8]) -> bool + Sync),
     ) -> Result<(), String> {
         for &p in pieces {
             if self.fail_after.is_some_and(|n| self.sent >= n) {
@@ -214,7 +214,7 @@ impl Source for Fake {
                 self.lie = None;
                 b[0] ^= 1;
             }
-            if !got(p, b) {
+            if !got(p, &b) {
                 return Ok(());
             }
         }

@@ -466,6 +466,7 @@ fn nodes_fetch_their_shards_straight_from_a_hub() {
     ];
     let run = on_peers(&spec, &[&addrs[0], &addrs[1]], &["--tp", "2"], &env);
     assert_same_path("TP=2 from the hub", &single, &run, SYNTHETIC_TOL);
+    let mut hub_pieces = 0;
     for i in 0..2 {
         let f = fetched(&run, i);
         let from_hub: u64 = f["sources"]
@@ -476,6 +477,13 @@ fn nodes_fetch_their_shards_straight_from_a_hub() {
             .map(|s| s["bytes"].as_u64().unwrap())
             .sum();
         assert!(from_hub > 0, "node {i} fetched nothing from the hub: {f}");
+        hub_pieces += f["sources"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|s| s["name"].as_str().unwrap().starts_with(&endpoint))
+            .map(|s| s["pieces"].as_u64().unwrap())
+            .sum::<u64>();
         assert!(
             cache_bytes(&homes[1 + i]) < total as u64,
             "node {i} holds the whole model"
@@ -483,9 +491,20 @@ fn nodes_fetch_their_shards_straight_from_a_hub() {
     }
     // The nodes asked for ranges; no machine kept the whole model.
     let log = hub.log.lock().unwrap();
-    assert!(log.iter().any(|(p, r)| p.contains("/resolve/")
-        && r.as_deref()
-            .is_some_and(|r| r.contains('-') && !r.ends_with('-'))));
+    let ranged = log
+        .iter()
+        .filter(|(p, r)| {
+            p.contains("/resolve/")
+                && r.as_deref()
+                    .is_some_and(|r| r.contains('-') && !r.ends_with('-'))
+        })
+        .count() as u64;
+    assert!(ranged > 0, "no Range request reached the hub");
+    // Runs of consecutive chunks went as one request each.
+    assert!(
+        ranged * 2 < hub_pieces,
+        "{ranged} Range requests for {hub_pieces} pieces"
+    );
     assert!(
         cache_bytes(&homes[0]) < total as u64 / 2,
         "the coordinator kept more than headers"
