@@ -49,6 +49,8 @@ pub struct NodePlan {
 /// holders to ask, the coordinator's share port first, then the other nodes.
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
 pub struct ShareSpec {
+    /// The manifest's root; empty when the coordinator has not hashed its file yet (it
+    /// does so only when a node first asks, as a node without the file then does).
     pub root: String,
     pub sources: Vec<String>,
     /// Each part's URL on a Hugging Face–compatible hub, when the coordinator has no copy:

@@ -174,7 +174,9 @@ impl Cluster {
             let stage = i / layout.width();
             let share = match &opts.share {
                 Some(host) => Some(crate::control::ShareSpec {
-                    root: host.root().to_string(),
+                    // Empty until a node has asked for the manifest: a node that lacks
+                    // the file asks the coordinator's share port for it then.
+                    root: host.root().unwrap_or_default(),
                     sources: std::iter::once(
                         std::net::SocketAddr::new(c.local_ip()?, host.port).to_string(),
                     )

@@ -391,7 +391,11 @@ fn session(
         Some(own) => ModelSource::Own(own.clone()),
         None => match (allowed_model(opts, &plan.model), &plan.share) {
             (Ok(p), _) => ModelSource::Own(p),
-            (Err(_), Some(share)) => ModelSource::Shared(share.clone()),
+            (Err(_), Some(share)) => {
+                let mut share = share.clone();
+                crate::node_fetch::resolve_root(&mut share, &opts.secret)?;
+                ModelSource::Shared(share)
+            }
             (Err(e), None) => return Err(e),
         },
     };

@@ -10,7 +10,7 @@ use weft_share::{FetchReport, Manifest, Needs, Recorder, Source};
 
 use crate::activity::WorkCounters;
 use crate::control::ShareSpec;
-use crate::share::{NodeShards, PeerSource};
+use crate::share::{NodeShards, PeerSource, ANY_ROOT};
 
 /// What the node fetched, and the model opened from its cache.
 pub struct Fetched {
@@ -23,6 +23,31 @@ pub struct Fetched {
 
 /// Fetches what `spec`'s model needs for one shard; `dry_load` loads the shard from a file
 /// whose data reads are recorded (its bytes are zeros).
+/// How long a node waits for a coordinator that hashes its file before answering.
+const MANIFEST_WAIT: std::time::Duration = std::time::Duration::from_secs(3600);
+
+/// Fills in the plan's root when the coordinator left it out (it had not hashed its file
+/// yet): its share port, the first holder named, is asked for the manifest of whatever
+/// it serves, which must hash to the root it states.
+pub fn resolve_root(spec: &mut ShareSpec, secret: &[u8]) -> Result<(), String> {
+    if !spec.root.is_empty() {
+        return Ok(());
+    }
+    let first = spec
+        .sources
+        .first()
+        .ok_or("the plan names no holder to fetch the shard from")?;
+    // Hashing a model of hundreds of GB takes minutes; the control link's heartbeats, not
+    // this deadline, tell a dead coordinator from a busy one meanwhile.
+    let mut coordinator = PeerSource::new(first, secret, ANY_ROOT).with_read_timeout(MANIFEST_WAIT);
+    let m = coordinator
+        .manifest(ANY_ROOT)
+        .and_then(|b| Manifest::parse_self_checked(&b))
+        .map_err(|e| format!("the coordinator's share port {first} gave no manifest: {e}"))?;
+    spec.root = m.root;
+    Ok(())
+}
+
 pub fn fetch_shard(
     spec: &ShareSpec,
     secret: &[u8],

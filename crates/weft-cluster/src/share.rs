@@ -15,7 +15,7 @@ use std::io::{BufReader, BufWriter, Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use weft_gguf::GgufFile;
@@ -30,6 +30,9 @@ const OP_LIST: u8 = b'L';
 const OK: u8 = 0;
 const ABSENT: u8 = 1;
 const ERROR: u8 = 2;
+/// The root a node names to ask the coordinator's share port for the manifest of
+/// whatever model it serves (a plan that leaves the root out).
+pub const ANY_ROOT: &str = "0000000000000000000000000000000000000000000000000000000000000000";
 /// Pieces one request may ask for.
 const MAX_ASK: u32 = 4096;
 /// A reply longer than this is refused (a manifest of 2^16 chunks and strips is far less).
@@ -69,6 +72,11 @@ pub trait Holder: Send + Sync {
     /// Bytes of pieces it has sent.
     fn sent(&self) -> u64 {
         0
+    }
+    /// The root of the model it serves, once known (a whole file's manifest is built
+    /// only when first asked for).
+    fn built_root(&self) -> Option<String> {
+        None
     }
 }
 
@@ -259,6 +267,7 @@ pub struct PeerSource {
     secret: Vec<u8>,
     root: String,
     stream: Option<(BufReader<TcpStream>, TcpStream)>,
+    read_timeout: Duration,
 }
 
 impl PeerSource {
@@ -268,7 +277,15 @@ impl PeerSource {
             secret: secret.to_vec(),
             root: root.to_string(),
             stream: None,
+            read_timeout: READ_TIMEOUT,
         }
+    }
+
+    /// Waits up to `t` for a reply instead of READ_TIMEOUT (a coordinator asked for a
+    /// manifest it has not built yet hashes its whole file first).
+    pub fn with_read_timeout(mut self, t: Duration) -> Self {
+        self.read_timeout = t;
+        self
     }
 
     fn conn(&mut self) -> Result<&mut (BufReader<TcpStream>, TcpStream), String> {
@@ -279,7 +296,7 @@ impl PeerSource {
                 Duration::from_secs(10),
                 Channel::Share,
             )?;
-            s.set_read_timeout(Some(READ_TIMEOUT))
+            s.set_read_timeout(Some(self.read_timeout))
                 .map_err(|e| e.to_string())?;
             // A reply's header and no more: a piece's body is then read past this buffer
             // straight into the caller's, not copied through it.
@@ -410,43 +427,69 @@ impl Source for PeerSource {
 /// A holder of a whole model file (the coordinator).
 pub struct FileHolder {
     pub file: Arc<GgufFile>,
-    pub manifest: Arc<Manifest>,
-    json: Vec<u8>,
+    /// Where the manifest is cached between runs.
+    home: Option<PathBuf>,
+    /// The manifest and its JSON, built when a node first asks: hashing a large model
+    /// takes minutes, and a cluster whose nodes all hold the file never needs it.
+    built: OnceLock<(Arc<Manifest>, Vec<u8>)>,
     /// Bytes of pieces sent, for the report.
     pub sent: AtomicU64,
 }
 
 impl FileHolder {
-    pub fn new(file: Arc<GgufFile>, manifest: Manifest) -> Self {
+    /// `file`, its manifest built (or read from `home`'s cache) on first demand.
+    pub fn new(file: Arc<GgufFile>, home: Option<PathBuf>) -> Self {
         FileHolder {
-            json: serde_json::to_vec(&manifest).unwrap_or_default(),
             file,
-            manifest: Arc::new(manifest),
+            home,
+            built: OnceLock::new(),
             sent: AtomicU64::new(0),
         }
+    }
+
+    pub fn manifest(&self) -> &Arc<Manifest> {
+        &self.built().0
+    }
+
+    fn built(&self) -> &(Arc<Manifest>, Vec<u8>) {
+        self.built.get_or_init(|| {
+            let m = manifest_for(&self.file, self.home.as_deref());
+            let json = serde_json::to_vec(&m).unwrap_or_default();
+            (Arc::new(m), json)
+        })
+    }
+
+    /// Whether `root` names this file's model (building the manifest if need be).
+    fn is(&self, root: &str) -> bool {
+        root == self.manifest().root
     }
 }
 
 impl Holder for FileHolder {
     fn manifest(&self, root: &str) -> Option<Vec<u8>> {
-        (root == self.manifest.root).then(|| self.json.clone())
+        (root == ANY_ROOT || self.is(root)).then(|| self.built().1.clone())
     }
 
     fn holding(&self, root: &str) -> Option<Holding> {
-        (root == self.manifest.root).then_some(Holding::All)
+        self.is(root).then_some(Holding::All)
+    }
+
+    fn built_root(&self) -> Option<String> {
+        self.built.get().map(|b| b.0.root.clone())
     }
 
     fn piece(&self, root: &str, p: Piece) -> Option<Vec<u8>> {
-        if root != self.manifest.root {
+        if !self.is(root) {
             return None;
         }
+        let m = self.manifest();
         let bytes = match p {
             Piece::Chunk { part, index } => {
-                let r = self.manifest.chunk_range(part as usize, index as u64)?;
+                let r = m.chunk_range(part as usize, index as u64)?;
                 self.file.slice(r.start as usize..r.end as usize).to_vec()
             }
             Piece::Strip { set, index } => {
-                weft_share::cache::strip_from_file(&self.manifest, &self.file, set, index)?
+                weft_share::cache::strip_from_file(m, &self.file, set, index)?
             }
         };
         self.sent.fetch_add(bytes.len() as u64, Ordering::Relaxed);
@@ -464,8 +507,8 @@ impl Holder for FileHolder {
         f: &mut dyn FnMut(&[u8]) -> std::io::Result<()>,
     ) -> Option<std::io::Result<()>> {
         match p {
-            Piece::Chunk { part, index } if root == self.manifest.root => {
-                let r = self.manifest.chunk_range(part as usize, index as u64)?;
+            Piece::Chunk { part, index } if self.is(root) => {
+                let r = self.manifest().chunk_range(part as usize, index as u64)?;
                 self.sent.fetch_add(r.end - r.start, Ordering::Relaxed);
                 Some(f(self.file.slice(r.start as usize..r.end as usize)))
             }
@@ -559,7 +602,7 @@ impl Holder for NodeShards {
 
 /// The models node `addr` caches, least recently used first.
 pub fn list_caches(addr: &str, secret: &[u8]) -> Result<Vec<weft_share::CacheEntry>, String> {
-    let mut p = PeerSource::new(addr, secret, &"0".repeat(64));
+    let mut p = PeerSource::new(addr, secret, ANY_ROOT);
     p.ask(OP_LIST, &[])?;
     let (_, body) = p.read_reply()?;
     serde_json::from_slice(&body).map_err(|e| format!("a malformed cache list: {e}"))
@@ -569,7 +612,9 @@ pub fn list_caches(addr: &str, secret: &[u8]) -> Result<Vec<weft_share::CacheEnt
 /// the model on a hub) the manifest and headers it fetched.
 pub struct ShareHost {
     pub holder: Arc<dyn Holder>,
-    root: String,
+    /// The model's root when known at the start (a hub's); a whole file's comes from its
+    /// holder once a node has asked for the manifest.
+    root: Option<String>,
     pub port: u16,
     /// Each part's hub URL, when nodes fetch from the hub.
     pub hub_urls: Vec<String>,
@@ -577,30 +622,30 @@ pub struct ShareHost {
 
 impl std::fmt::Debug for ShareHost {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "ShareHost(port {}, root {})", self.port, self.root)
+        write!(f, "ShareHost(port {}, root {:?})", self.port, self.root())
     }
 }
 
 impl ShareHost {
-    /// Serves `file` (whose manifest is `manifest`) to anyone who proves `secret`.
+    /// Serves `file` to anyone who proves `secret`; its manifest is built (or read from
+    /// `home`'s cache) when a node first asks for it.
     pub fn start(
         file: Arc<GgufFile>,
-        manifest: Manifest,
+        home: Option<PathBuf>,
         secret: &[u8],
     ) -> Result<Arc<Self>, String> {
-        let root = manifest.root.clone();
         Self::start_with(
-            Arc::new(FileHolder::new(file, manifest)),
-            root,
+            Arc::new(FileHolder::new(file, home)),
+            None,
             Vec::new(),
             secret,
         )
     }
 
-    /// Serves what `holder` holds of model `root`.
+    /// Serves what `holder` holds of model `root` (None: the holder says, once it knows).
     pub fn start_with(
         holder: Arc<dyn Holder>,
-        root: String,
+        root: Option<String>,
         hub_urls: Vec<String>,
         secret: &[u8],
     ) -> Result<Arc<Self>, String> {
@@ -653,8 +698,10 @@ impl ShareHost {
         }))
     }
 
-    pub fn root(&self) -> &str {
-        &self.root
+    /// The model's root, once known: None until a node has asked for the manifest of a
+    /// whole file (plans then leave the root for the nodes to ask).
+    pub fn root(&self) -> Option<String> {
+        self.root.clone().or_else(|| self.holder.built_root())
     }
 
     pub fn bytes_sent(&self) -> u64 {

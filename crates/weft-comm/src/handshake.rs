@@ -30,7 +30,9 @@ pub use crate::secret::random_secret;
 /// 3: a node's plan carries spare experts (`ep_spares`); a node of version 2 would drop
 /// them and compute its whole range, so some expert choices would run twice.
 /// 4: a byte after the handshake names the channel (control or shard sharing).
-pub const PROTOCOL_VERSION: u32 = 4;
+/// 5: a plan's share root may be empty, for the node to ask the coordinator's share
+/// port for its manifest (the coordinator hashes its file only when a node needs it).
+pub const PROTOCOL_VERSION: u32 = 5;
 const HELLO_MAGIC: &[u8; 8] = b"WEFTHELO";
 /// Magic, version, rank, size. Version 1 put the same four fields first, so a version-1
 /// peer is still told apart by its version rather than taken for garbage.

@@ -235,8 +235,20 @@ impl Manifest {
     /// Parses a manifest received from a peer and checks it against the root the plan
     /// named and against itself (lengths, counts, names), naming what is wrong.
     pub fn parse_checked(bytes: &[u8], root: &str) -> Result<Manifest, String> {
+        Self::parse_checked_as(bytes, Some(root))
+    }
+
+    /// As `parse_checked`, for a manifest whose root is not known beforehand (asked of
+    /// the coordinator itself over the authenticated channel): it must still hash to the
+    /// root it states.
+    pub fn parse_self_checked(bytes: &[u8]) -> Result<Manifest, String> {
+        Self::parse_checked_as(bytes, None)
+    }
+
+    fn parse_checked_as(bytes: &[u8], root: Option<&str>) -> Result<Manifest, String> {
         let m: Manifest =
             serde_json::from_slice(bytes).map_err(|e| format!("malformed manifest: {e}"))?;
+        let root = root.unwrap_or(&m.root);
         let computed = hex(&m.compute_root());
         if computed != m.root || computed != root {
             return Err(format!(

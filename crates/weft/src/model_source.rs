@@ -81,12 +81,13 @@ pub fn open_shared(
         return Ok((file, Some(h)));
     }
     let host = match hub {
-        Some(h) => ShareHost::start_with(h.shards.clone(), h.root.clone(), h.urls.clone(), secret),
-        None => {
-            let manifest =
-                weft_cluster::share::manifest_for(&file, Some(&crate::paths::weft_home()));
-            ShareHost::start(file.clone(), manifest, secret)
-        }
+        Some(h) => ShareHost::start_with(
+            h.shards.clone(),
+            Some(h.root.clone()),
+            h.urls.clone(),
+            secret,
+        ),
+        None => ShareHost::start(file.clone(), Some(crate::paths::weft_home()), secret),
     }
     .map_err(|e| anyhow!(e))?;
     if let Ok(mut m) = hosts().lock() {

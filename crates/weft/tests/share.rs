@@ -185,6 +185,30 @@ fn nodes_without_the_file_fetch_only_their_shards() {
     let homes: Vec<PathBuf> = (0..5)
         .map(|i| empty_home(tmp.path(), &format!("home{i}")))
         .collect();
+    // Nodes that hold the file: the coordinator never hashes it, since it builds the
+    // manifest only when a node asks for one.
+    let coordinator = empty_home(tmp.path(), "coordinator");
+    let coordinator_env = [("WEFT_HOME", coordinator.to_str().unwrap())];
+    let manifests = || std::fs::read_dir(coordinator.join("manifests")).map_or(0, |d| d.count());
+    {
+        let (c1, a1) = common::start_node("127.0.0.1:0", SECRET);
+        let (c2, a2) = common::start_node("127.0.0.1:0", SECRET);
+        let _k = Kill(vec![c1, c2]);
+        let own = on_peers(&m, &[&a1, &a2], &["--tp", "2"], &coordinator_env);
+        assert_same_path(
+            "TP=2 on the nodes' own copies",
+            &single,
+            &own,
+            SYNTHETIC_TOL,
+        );
+        assert_eq!(own["share_sent_bytes"].as_u64(), Some(0), "{own}");
+        assert_eq!(
+            manifests(),
+            0,
+            "the coordinator hashed a file no node needed"
+        );
+    }
+
     let mut kill = Kill(Vec::new());
     let mut addrs = Vec::new();
     for h in &homes[..2] {
@@ -192,8 +216,15 @@ fn nodes_without_the_file_fetch_only_their_shards() {
         kill.0.push(c);
         addrs.push(a);
     }
-    let tp = on_peers(&m, &[&addrs[0], &addrs[1]], &["--tp", "2"], &[]);
+    let tp = on_peers(
+        &m,
+        &[&addrs[0], &addrs[1]],
+        &["--tp", "2"],
+        &coordinator_env,
+    );
     assert_same_path("TP=2 from fetched shards", &single, &tp, SYNTHETIC_TOL);
+    // The first node to lack the file made the coordinator hash it, once.
+    assert_eq!(manifests(), 1);
     for (i, h) in homes[..2].iter().enumerate() {
         check_cache("TP=2", &tp, i, h, model_len);
     }
