@@ -393,8 +393,9 @@ fn session(
             (Ok(p), _) => ModelSource::Own(p),
             (Err(_), Some(share)) => {
                 let mut share = share.clone();
-                crate::node_fetch::resolve_root(&mut share, &opts.secret)?;
-                ModelSource::Shared(share)
+                let alive = || ctl.silent_for() < CONTROL_SILENCE;
+                let known = crate::node_fetch::resolve_root(&mut share, &opts.secret, &alive)?;
+                ModelSource::Shared(share, known)
             }
             (Err(e), None) => return Err(e),
         },
@@ -425,11 +426,13 @@ fn session(
             ModelSource::Own(path) => GgufFile::open(path)
                 .map(Arc::new)
                 .map_err(|e| e.to_string()),
-            ModelSource::Shared(share) => fetch_for(share, opts, shards, &plan, work).map(|f| {
-                let file = f.file.clone();
-                fetched = Some(f.report);
-                file
-            }),
+            ModelSource::Shared(share, known) => {
+                fetch_for(share, known.clone(), opts, shards, &plan, work).map(|f| {
+                    let file = f.file.clone();
+                    fetched = Some(f.report);
+                    file
+                })
+            }
         };
         let loaded = file.and_then(|f| load(f, &plan, threads, opts.memory_limit, key, work));
         work.load_ended();
@@ -560,15 +563,16 @@ pub(crate) fn group_options(
 enum ModelSource {
     /// A file it holds.
     Own(PathBuf),
-    /// Fetched from the holders into its shard cache.
-    Shared(ShareSpec),
+    /// Fetched from the holders into its shard cache (with the manifest, when the node
+    /// had to ask for the root).
+    Shared(ShareSpec, Option<weft_share::Manifest>),
 }
 
 impl ModelSource {
     fn key(&self) -> String {
         match self {
             ModelSource::Own(p) => p.display().to_string(),
-            ModelSource::Shared(s) => format!("shared:{}", s.root),
+            ModelSource::Shared(s, _) => format!("shared:{}", s.root),
         }
     }
 }
@@ -591,6 +595,7 @@ fn plan_shard(file: &GgufFile, plan: &NodePlan) -> Result<ShardSpec, String> {
 /// Fetches the plan's shard into this node's cache, then keeps the cache under its limit.
 fn fetch_for(
     share: &ShareSpec,
+    known: Option<weft_share::Manifest>,
     opts: &NodeOptions,
     shards: Option<&NodeShards>,
     plan: &NodePlan,
@@ -604,7 +609,7 @@ fn fetch_for(
         let model = Model::load(file, shard, plan.ubatch).map_err(|e| e.to_string())?;
         check_memory(&model, plan, opts.memory_limit)
     };
-    let f = crate::node_fetch::fetch_shard(share, &opts.secret, shards, work, &dry);
+    let f = crate::node_fetch::fetch_shard(share, known, &opts.secret, shards, work, &dry);
     work.fetch_ended();
     let f = f?;
     if let Some(limit) = opts.cache_limit {

@@ -21,35 +21,41 @@ pub struct Fetched {
     pub root: String,
 }
 
-/// Fetches what `spec`'s model needs for one shard; `dry_load` loads the shard from a file
-/// whose data reads are recorded (its bytes are zeros).
-/// How long a node waits for a coordinator that hashes its file before answering.
-const MANIFEST_WAIT: std::time::Duration = std::time::Duration::from_secs(3600);
-
 /// Fills in the plan's root when the coordinator left it out (it had not hashed its file
-/// yet): its share port, the first holder named, is asked for the manifest of whatever
-/// it serves, which must hash to the root it states.
-pub fn resolve_root(spec: &mut ShareSpec, secret: &[u8]) -> Result<(), String> {
+/// yet): its share port, the first holder the plan names, is asked for the manifest of
+/// whatever it serves, which must hash to the root it states. The root is then exactly as
+/// trustworthy as the plan: both come from the coordinator over channels the cluster
+/// secret opened. Returns the manifest it fetched, for `fetch_shard`.
+///
+/// Hashing a model of hundreds of GB takes minutes: the node waits as long as `alive`
+/// says the coordinator's control link still beats.
+pub fn resolve_root(
+    spec: &mut ShareSpec,
+    secret: &[u8],
+    alive: &dyn Fn() -> bool,
+) -> Result<Option<Manifest>, String> {
     if !spec.root.is_empty() {
-        return Ok(());
+        return Ok(None);
     }
     let first = spec
         .sources
         .first()
         .ok_or("the plan names no holder to fetch the shard from")?;
-    // Hashing a model of hundreds of GB takes minutes; the control link's heartbeats, not
-    // this deadline, tell a dead coordinator from a busy one meanwhile.
-    let mut coordinator = PeerSource::new(first, secret, ANY_ROOT).with_read_timeout(MANIFEST_WAIT);
+    let mut coordinator = PeerSource::new(first, secret, ANY_ROOT);
     let m = coordinator
-        .manifest(ANY_ROOT)
+        .manifest_when_ready(alive)
         .and_then(|b| Manifest::parse_self_checked(&b))
         .map_err(|e| format!("the coordinator's share port {first} gave no manifest: {e}"))?;
-    spec.root = m.root;
-    Ok(())
+    spec.root = m.root.clone();
+    Ok(Some(m))
 }
 
+/// Fetches what `spec`'s model needs for one shard; `dry_load` loads the shard from a file
+/// whose data reads are recorded (its bytes are zeros). `known` is the manifest
+/// `resolve_root` fetched, if it did.
 pub fn fetch_shard(
     spec: &ShareSpec,
+    known: Option<Manifest>,
     secret: &[u8],
     shards: &NodeShards,
     work: &WorkCounters,
@@ -67,8 +73,8 @@ pub fn fetch_shard(
         .map(|a| Box::new(PeerSource::new(a, secret, &spec.root)) as Box<dyn Source>)
         .collect();
     let mut errors = Vec::new();
-    let mut manifest = None;
-    for s in sources.iter_mut() {
+    let mut manifest = known.filter(|m| m.root == spec.root);
+    for s in sources.iter_mut().filter(|_| manifest.is_none()) {
         match s
             .manifest(&spec.root)
             .and_then(|b| Manifest::parse_checked(&b, &spec.root))

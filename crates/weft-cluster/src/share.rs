@@ -4,8 +4,10 @@
 //! the coordinator's server over its whole file; `NodeShards` is a node's cache of every
 //! model, served to other nodes while it is filled.
 //!
-//! Requests: one op byte (`M` manifest, `H` holding, `P` pieces), the model's root as 64
-//! hex digits, and for `P` a count (u32) and each piece (kind u8, two u32). Replies: a
+//! Requests: one op byte (`M` manifest, `H` holding, `P` pieces, `L` cached models), the
+//! model's root as 64 hex digits (`ANY_ROOT` for `M`: the manifest of whatever the
+//! coordinator serves, hashed on that first demand), and for `P` a count (u32) and each
+//! piece (kind u8, two u32). Replies: a
 //! status byte (0 ok, 1 not held, 2 error), a u64 length and that many bytes, one reply
 //! per piece in order. The pieces are checked by their receiver against the manifest, so
 //! a holder needs no trust beyond the cluster secret.
@@ -37,8 +39,9 @@ pub const ANY_ROOT: &str = "0000000000000000000000000000000000000000000000000000
 const MAX_ASK: u32 = 4096;
 /// A reply longer than this is refused (a manifest of 2^16 chunks and strips is far less).
 const MAX_REPLY: u64 = 1 << 30;
-/// Pieces asked in one request, and requests in flight at once on a connection.
+/// Pieces asked in one request.
 const BATCH: usize = 64;
+/// Requests in flight at once on a connection: the holder finds the next one waiting.
 const AHEAD: usize = 2;
 /// How long a holder may be silent in the middle of a reply.
 const READ_TIMEOUT: Duration = Duration::from_secs(30);
@@ -267,7 +270,6 @@ pub struct PeerSource {
     secret: Vec<u8>,
     root: String,
     stream: Option<(BufReader<TcpStream>, TcpStream)>,
-    read_timeout: Duration,
 }
 
 impl PeerSource {
@@ -277,15 +279,52 @@ impl PeerSource {
             secret: secret.to_vec(),
             root: root.to_string(),
             stream: None,
-            read_timeout: READ_TIMEOUT,
         }
     }
 
-    /// Waits up to `t` for a reply instead of READ_TIMEOUT (a coordinator asked for a
-    /// manifest it has not built yet hashes its whole file first).
-    pub fn with_read_timeout(mut self, t: Duration) -> Self {
-        self.read_timeout = t;
-        self
+    /// The manifest of whatever model the holder serves (asked under `ANY_ROOT`), waited
+    /// for however long the holder takes to build it while `alive` holds: a coordinator
+    /// hashes its whole file first, which READ_TIMEOUT would not allow for.
+    pub fn manifest_when_ready(&mut self, alive: &dyn Fn() -> bool) -> Result<Vec<u8>, String> {
+        self.root = ANY_ROOT.to_string();
+        self.ask(OP_MANIFEST, &[]).map_err(|e| self.fail(e))?;
+        self.await_reply(alive).map_err(|e| self.fail(e))?;
+        match self.read_reply().map_err(|e| self.fail(e))? {
+            (OK, body) => Ok(body),
+            _ => Err("it serves no model".into()),
+        }
+    }
+
+    /// Returns once a reply has begun to arrive (or the connection ended), polling each
+    /// second whether `alive` still holds.
+    fn await_reply(&mut self, alive: &dyn Fn() -> bool) -> Result<(), String> {
+        let (r, s) = self.conn()?;
+        if !r.buffer().is_empty() {
+            return Ok(());
+        }
+        let io = |e: std::io::Error| format!("waiting for a reply: {e}");
+        s.set_read_timeout(Some(Duration::from_secs(1)))
+            .map_err(io)?;
+        let waited = loop {
+            match s.peek(&mut [0u8; 1]) {
+                // Data, or the end of the stream, which the read that follows reports.
+                Ok(_) => break Ok(()),
+                Err(e)
+                    if matches!(
+                        e.kind(),
+                        std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                    ) =>
+                {
+                    if !alive() {
+                        break Err("its owner went silent while it was awaited".to_string());
+                    }
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(e) => break Err(io(e)),
+            }
+        };
+        s.set_read_timeout(Some(READ_TIMEOUT)).map_err(io)?;
+        waited
     }
 
     fn conn(&mut self) -> Result<&mut (BufReader<TcpStream>, TcpStream), String> {
@@ -296,7 +335,7 @@ impl PeerSource {
                 Duration::from_secs(10),
                 Channel::Share,
             )?;
-            s.set_read_timeout(Some(self.read_timeout))
+            s.set_read_timeout(Some(READ_TIMEOUT))
                 .map_err(|e| e.to_string())?;
             // A reply's header and no more: a piece's body is then read past this buffer
             // straight into the caller's, not copied through it.
@@ -447,7 +486,7 @@ impl FileHolder {
         }
     }
 
-    pub fn manifest(&self) -> &Arc<Manifest> {
+    pub fn built_manifest(&self) -> &Arc<Manifest> {
         &self.built().0
     }
 
@@ -461,7 +500,7 @@ impl FileHolder {
 
     /// Whether `root` names this file's model (building the manifest if need be).
     fn is(&self, root: &str) -> bool {
-        root == self.manifest().root
+        root == self.built_manifest().root
     }
 }
 
@@ -482,7 +521,7 @@ impl Holder for FileHolder {
         if !self.is(root) {
             return None;
         }
-        let m = self.manifest();
+        let m = self.built_manifest();
         let bytes = match p {
             Piece::Chunk { part, index } => {
                 let r = m.chunk_range(part as usize, index as u64)?;
@@ -508,7 +547,9 @@ impl Holder for FileHolder {
     ) -> Option<std::io::Result<()>> {
         match p {
             Piece::Chunk { part, index } if self.is(root) => {
-                let r = self.manifest().chunk_range(part as usize, index as u64)?;
+                let r = self
+                    .built_manifest()
+                    .chunk_range(part as usize, index as u64)?;
                 self.sent.fetch_add(r.end - r.start, Ordering::Relaxed);
                 Some(f(self.file.slice(r.start as usize..r.end as usize)))
             }
@@ -746,4 +787,49 @@ pub fn manifest_for(file: &GgufFile, home: Option<&Path>) -> Manifest {
         }
     }
     m
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A holder that takes `ms` to answer for its manifest, as a coordinator hashing a
+    /// large file does.
+    struct SlowManifest {
+        ms: u64,
+    }
+
+    impl Holder for SlowManifest {
+        fn manifest(&self, root: &str) -> Option<Vec<u8>> {
+            std::thread::sleep(Duration::from_millis(self.ms));
+            (root == ANY_ROOT).then(|| b"the manifest".to_vec())
+        }
+        fn holding(&self, _: &str) -> Option<Holding> {
+            None
+        }
+        fn piece(&self, _: &str, _: Piece) -> Option<Vec<u8>> {
+            None
+        }
+    }
+
+    #[test]
+    fn a_node_waits_for_a_manifest_while_the_coordinator_beats() {
+        let secret = weft_comm::handshake::random_secret();
+        let host = ShareHost::start_with(
+            Arc::new(SlowManifest { ms: 2500 }),
+            None,
+            Vec::new(),
+            secret.as_bytes(),
+        )
+        .unwrap();
+        let addr = format!("127.0.0.1:{}", host.port);
+        // Alive: waited for through several one-second polls.
+        let mut node = PeerSource::new(&addr, secret.as_bytes(), ANY_ROOT);
+        assert_eq!(node.manifest_when_ready(&|| true).unwrap(), b"the manifest");
+        // The coordinator's control link silent: given up at the first poll, before the
+        // answer comes.
+        let mut node = PeerSource::new(&addr, secret.as_bytes(), ANY_ROOT);
+        let err = node.manifest_when_ready(&|| false).unwrap_err();
+        assert!(err.contains("went silent"), "{err}");
+    }
 }

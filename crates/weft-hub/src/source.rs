@@ -60,38 +60,28 @@ impl HubSource {
         Err(format!("{last} (after {ATTEMPTS} tries)"))
     }
 
-    fn piece(&mut self, p: Piece) -> Result<Vec<u8>, String> {
-        match p {
-            Piece::Chunk { part, index } => {
-                let r = self
-                    .manifest
-                    .chunk_range(part as usize, index as u64)
-                    .ok_or_else(|| format!("{p:?} is not in the manifest"))?;
-                self.read(r)
-            }
-            Piece::Strip { set, index } => {
-                let st = self
-                    .manifest
-                    .strips
-                    .get(set as usize)
-                    .ok_or_else(|| format!("{p:?} is not in the manifest"))?
-                    .clone();
-                let bpr = st.blocks_per_row();
-                let (slab, block) = (index as u64 / bpr, index as u64 % bpr);
-                let fresh = !matches!(&self.slab, Some((s, b, _)) if *s == set && *b == slab);
-                if fresh {
-                    let len = st.rows_per_slab * st.row_bytes;
-                    let start = st.start + slab * len;
-                    self.slab = Some((set, slab, self.read(start..start + len)?));
-                }
-                let bytes = &self.slab.as_ref().ok_or("no slab")?.2;
-                let mut out = Vec::new();
-                // The slab's rows, as if it were the tensor's first slab.
-                let one = weft_share::manifest::StripSet { slabs: 1, ..st };
-                gather_strip(&one, 0, block, |r| &bytes[r], &mut out);
-                Ok(out)
-            }
+    /// Strip `index` of strip set `set`, gathered from its slab.
+    fn strip(&mut self, set: u32, index: u32) -> Result<Vec<u8>, String> {
+        let st = self
+            .manifest
+            .strips
+            .get(set as usize)
+            .ok_or_else(|| format!("strip set {set} is not in the manifest"))?
+            .clone();
+        let bpr = st.blocks_per_row();
+        let (slab, block) = (index as u64 / bpr, index as u64 % bpr);
+        let fresh = !matches!(&self.slab, Some((s, b, _)) if *s == set && *b == slab);
+        if fresh {
+            let len = st.rows_per_slab * st.row_bytes;
+            let start = st.start + slab * len;
+            self.slab = Some((set, slab, self.read(start..start + len)?));
         }
+        let bytes = &self.slab.as_ref().ok_or("no slab")?.2;
+        let mut out = Vec::new();
+        // The slab's rows, as if it were the tensor's first slab.
+        let one = weft_share::manifest::StripSet { slabs: 1, ..st };
+        gather_strip(&one, 0, block, |r| &bytes[r], &mut out);
+        Ok(out)
     }
 }
 
@@ -115,13 +105,16 @@ impl Source for HubSource {
     ) -> Result<(), String> {
         let mut rest = pieces;
         while let Some(&first) = rest.first() {
-            let Piece::Chunk { part, index } = first else {
-                let bytes = self.piece(first)?;
-                if !got(first, &bytes) {
-                    return Ok(());
+            let (part, index) = match first {
+                Piece::Chunk { part, index } => (part, index),
+                Piece::Strip { set, index } => {
+                    let bytes = self.strip(set, index)?;
+                    if !got(first, &bytes) {
+                        return Ok(());
+                    }
+                    rest = &rest[1..];
+                    continue;
                 }
-                rest = &rest[1..];
-                continue;
             };
             // A run of consecutive chunks of one part is one Range request: a round
             // trip to a hub costs far more than the 64 KiB of one chunk.
@@ -150,7 +143,10 @@ impl Source for HubSource {
             for (k, p) in rest[..run].iter().enumerate() {
                 let from = k * chunk as usize;
                 let to = (from + chunk as usize).min(bytes.len());
-                if !got(*p, &bytes[from..to]) {
+                let one = bytes
+                    .get(from..to)
+                    .ok_or_else(|| format!("{p:?} lies past the {} bytes received", bytes.len()))?;
+                if !got(*p, one) {
                     return Ok(());
                 }
             }

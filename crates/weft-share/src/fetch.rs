@@ -218,7 +218,9 @@ pub fn fetch(
                                 }
                             }
                         });
-                        if let Err(e) = &res {
+                        // A holder stopped because a store failed is no holder's fault.
+                        let stopped = stop.load(Ordering::Relaxed);
+                        if let (Err(e), false) = (&res, stopped) {
                             let left: Vec<Piece> =
                                 queue.iter().filter(|p| !cache.has(**p)).copied().collect();
                             tracing::warn!(

@@ -500,21 +500,19 @@ fn nodes_fetch_their_shards_straight_from_a_hub() {
     let mut hub_pieces = 0;
     for i in 0..2 {
         let f = fetched(&run, i);
-        let from_hub: u64 = f["sources"]
+        let (from_hub, pieces) = f["sources"]
             .as_array()
             .unwrap()
             .iter()
             .filter(|s| s["name"].as_str().unwrap().starts_with(&endpoint))
-            .map(|s| s["bytes"].as_u64().unwrap())
-            .sum();
+            .fold((0, 0), |(b, p), s| {
+                (
+                    b + s["bytes"].as_u64().unwrap(),
+                    p + s["pieces"].as_u64().unwrap(),
+                )
+            });
         assert!(from_hub > 0, "node {i} fetched nothing from the hub: {f}");
-        hub_pieces += f["sources"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .filter(|s| s["name"].as_str().unwrap().starts_with(&endpoint))
-            .map(|s| s["pieces"].as_u64().unwrap())
-            .sum::<u64>();
+        hub_pieces += pieces;
         assert!(
             cache_bytes(&homes[1 + i]) < total as u64,
             "node {i} holds the whole model"
