@@ -106,7 +106,8 @@ print(f\"{100 * mb / $LINK:.1f} round $round: link $LINK MB/s; fetch {f['fetched
   echo "${R#* }"
   RATIOS+=("${R%% *}")
   stop_nodes
-  rm -rf "$WORK/solo"
+  # The next round starts on a quiet disk: this round's dirty pages written back first.
+  rm -rf "$WORK/solo"; sync
 done
 echo "fetch/link over ${#RATIOS[@]} rounds: median $(printf '%s\n' "${RATIOS[@]}" | sort -n | awk '{a[NR]=$1} END{print a[int((NR+1)/2)]}') %, best $(printf '%s\n' "${RATIOS[@]}" | sort -n | tail -1) %"
 
