@@ -158,7 +158,7 @@ fn a_wrong_secret_is_refused() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("secret") && err.contains(&addr), "{err}");
     // The node is still up and serves the right secret.
-    ok_json(&run_on_peers(&model, &addr, SECRET));
+    ok_json(&run_on_peers(&model, &addr, SECRET, &[]));
 }
 
 /// Two nodes in their own network namespaces (veth pairs on a bridge, own addresses) run a
@@ -386,25 +386,7 @@ fn a_node_refuses_a_model_outside_its_directories() {
         .unwrap();
     let addr = common::listening_on(&mut c, "weft node");
     let _nodes = Kill(vec![c]);
-    let unshared = |model: &str| {
-        common::weft(&[
-            "run",
-            "--model",
-            model,
-            "--prompt",
-            "hi",
-            "-n",
-            "2",
-            "--temperature",
-            "0",
-            "--json",
-            "--peers",
-            &addr,
-            "--secret",
-            SECRET,
-            "--no-share",
-        ])
-    };
+    let unshared = |model: &str| run_on_peers(model, &addr, SECRET, &["--no-share"]);
     let out = unshared(&model);
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
@@ -420,7 +402,7 @@ fn a_node_refuses_a_model_outside_its_directories() {
     // Shared: the node takes its shard from the coordinator (fetched now, or from the
     // cache of an earlier run: the synthetic model is the same every time) rather than
     // open the path.
-    let shared = ok_json(&run_on_peers(&model, &addr, SECRET));
+    let shared = ok_json(&run_on_peers(&model, &addr, SECRET, &[]));
     let f = &shared["fetched"][0];
     let n = |k: &str| f[k].as_u64().unwrap();
     assert!(n("wanted") > 0, "{shared}");
@@ -431,6 +413,6 @@ fn a_node_refuses_a_model_outside_its_directories() {
     // The same file inside the directory is served from the node's own copy.
     let inside = models.path().join("m.gguf");
     std::fs::copy(&model, &inside).unwrap();
-    let own = ok_json(&run_on_peers(inside.to_str().unwrap(), &addr, SECRET));
+    let own = ok_json(&run_on_peers(inside.to_str().unwrap(), &addr, SECRET, &[]));
     assert!(own["fetched"][0].is_null(), "{own}");
 }

@@ -210,7 +210,7 @@ fn silent_connections_do_not_keep_a_coordinator_out() {
         .map(|_| TcpStream::connect(&addr).unwrap())
         .collect();
     let t = Instant::now();
-    let out = run_on_peers(&model, &addr, SECRET);
+    let out = run_on_peers(&model, &addr, SECRET, &[]);
     let took = t.elapsed();
     let v = ok_json(&out);
     // The coordinator's connection and setup (handshake, plan, load of a tiny model):
@@ -247,7 +247,7 @@ fn a_coordinator_that_falls_silent_frees_its_node() {
         .unwrap()
         .success());
     std::thread::sleep(Duration::from_secs(4));
-    let out = run_on_peers(&model, &addr, SECRET);
+    let out = run_on_peers(&model, &addr, SECRET, &[]);
     let _ = Command::new("kill").args(["-CONT", &pid]).status();
     let _ = serve.kill();
     let _ = serve.wait();

@@ -233,9 +233,10 @@ impl Drop for Kill {
     }
 }
 
-/// Two greedy tokens of `model` over running nodes `peers` (JSON on stdout).
-pub fn run_on_peers(model: &str, peers: &str, secret: &str) -> Output {
-    weft(&[
+/// Two greedy tokens of `model` over running nodes `peers` (JSON on stdout), with
+/// `extra` flags.
+pub fn run_on_peers(model: &str, peers: &str, secret: &str, extra: &[&str]) -> Output {
+    let mut args = vec![
         "run",
         "--model",
         model,
@@ -250,5 +251,7 @@ pub fn run_on_peers(model: &str, peers: &str, secret: &str) -> Output {
         peers,
         "--secret",
         secret,
-    ])
+    ];
+    args.extend_from_slice(extra);
+    weft(&args)
 }
