@@ -171,6 +171,25 @@ impl GgufFile {
         }
     }
 
+    /// Drops the pages of `r` (the model's byte space) from this process's resident
+    /// memory: a shard that copied a tensor into another layout does not keep both. The
+    /// bytes stay readable (read again from the file if touched); a file held in memory
+    /// is left as it is.
+    pub fn release(&self, r: Range<usize>) {
+        let (backing, start) = match self.more.iter().rev().find(|p| r.start >= p.base) {
+            Some(p) => (&p.backing, r.start - p.base),
+            None => (&self.backing, r.start),
+        };
+        if let Backing::Mapped(m) = backing {
+            // SAFETY: the mapping is read-only and file-backed, so MADV_DONTNEED only
+            // drops clean pages: the next read faults them in from the file unchanged.
+            // Advice is a hint; a refusal changes nothing, so its error is ignored.
+            let _ = unsafe {
+                m.unchecked_advise_range(memmap2::UncheckedAdvice::DontNeed, start, r.len())
+            };
+        }
+    }
+
     /// Total bytes of every part.
     pub fn file_len(&self) -> u64 {
         self.bytes().len() as u64

@@ -162,6 +162,19 @@ fn bench_matvec(rng: &mut Rng, ty: GgmlType, n: usize, rows: usize, reps: usize)
         run(&mats[i]);
     });
     report("cold", cold);
+    if quant::packs(ty, n) {
+        let packed: Vec<Vec<u8>> = mats
+            .iter()
+            .map(|m| quant::pack_rows(ty, n, m, rows))
+            .collect();
+        let mut i = 0;
+        let cold = median_secs(reps.max(copies), || {
+            i = (i + 1) % copies;
+            quant::matvec_packed(ty, n, &packed[i], 0..rows, &act, &mut out);
+            black_box(&out);
+        });
+        report("cold-interleaved", cold);
+    }
 }
 
 fn bench_matmul(rng: &mut Rng, ty: GgmlType, n: usize, rows: usize, m: usize, reps: usize) {
@@ -177,15 +190,26 @@ fn bench_matmul(rng: &mut Rng, ty: GgmlType, n: usize, rows: usize, m: usize, re
         black_box(&out);
     });
     let flops = 2.0 * (n * rows * m) as f64;
-    println!(
-        "matmul {:<5} n={:<5} rows={:<7} m={m:<3}  {:8.1} us  {:6.1} GFLOP/s  ({:.2} ns per row x token)",
-        ty.name(),
-        n,
-        rows,
-        secs * 1e6,
-        flops / secs / 1e9,
-        secs * 1e9 / (rows * m) as f64
-    );
+    let line = |layout: &str, secs: f64| {
+        println!(
+            "matmul {:<5} n={:<5} rows={:<7} m={m:<3} {layout:<11} {:8.1} us  {:6.1} GFLOP/s  ({:.2} ns per row x token)",
+            ty.name(),
+            n,
+            rows,
+            secs * 1e6,
+            flops / secs / 1e9,
+            secs * 1e9 / (rows * m) as f64
+        )
+    };
+    line("rows", secs);
+    if quant::packs(ty, n) {
+        let packed = quant::pack_rows(ty, n, &w, rows);
+        let secs = median_secs(reps, || {
+            quant::matmul_packed(ty, n, &packed, 0..rows, &acts, m, &mut out, rows);
+            black_box(&out);
+        });
+        line("interleaved", secs);
+    }
 }
 
 fn main() {
@@ -199,6 +223,8 @@ fn main() {
     );
     use GgmlType::*;
     let shapes = [
+        (Q4_K, 1536, 8960),
+        (Q4_K, 8960, 1536),
         (Q5_0, 640, 2048),
         (Q4_K, 2048, 640),
         (Q6_K, 2048, 640),

@@ -116,7 +116,8 @@ pub fn measure_decode_together(
     window: f64,
 ) -> Vec<TypeRate> {
     const N: usize = 2048;
-    let built: Vec<(GgmlType, Vec<u8>, usize, Vec<u8>)> = MEASURED
+    type Built = (GgmlType, Vec<u8>, usize, Vec<u8>, Option<Vec<u8>>);
+    let built: Vec<Built> = MEASURED
         .iter()
         .map(|&ty| {
             let mut w = vec![0u8; decode_bytes];
@@ -124,21 +125,27 @@ pub fn measure_decode_together(
             let x: Vec<f32> = (0..N).map(|i| (i as f32 * 0.01).sin()).collect();
             let mut a = vec![0u8; quant::act_bytes(ty, N)];
             quant::quantize_act(ty, &x, &mut a);
-            (ty, w, rows, a)
+            // The layout a model's dense layers run: interleaved where they are.
+            let packed = quant::packs(ty, N).then(|| quant::pack_rows(ty, N, &w, rows));
+            (ty, w, rows, a, packed)
         })
         .collect();
     built
         .iter()
-        .map(|(ty, w, rows, act)| {
+        .map(|(ty, w, rows, act, packed)| {
             let mut out = vec![0f32; *rows];
             let t = Instant::now();
             let mut passes = 0usize;
             while passes == 0 || t.elapsed().as_secs_f64() < window {
                 let p = SendOut(out.as_mut_ptr());
-                pool.for_ranges(*rows, 4, &|r| {
+                // Interleaved ranges start at a group of eight rows.
+                pool.for_ranges(*rows, 8, &|r| {
                     // SAFETY: for_ranges hands out disjoint row ranges of `out`.
                     let o = unsafe { std::slice::from_raw_parts_mut(p.at(r.start), r.len()) };
-                    quant::matvec(*ty, N, w, r, act, o);
+                    match packed.as_deref() {
+                        Some(pw) => quant::matvec_packed(*ty, N, pw, r, act, o),
+                        None => quant::matvec(*ty, N, w, r, act, o),
+                    }
                 });
                 passes += 1;
             }

@@ -2,6 +2,12 @@
 //! the running CPU offers (`quant::select::candidates`) side by side, keep the fastest,
 //! and report each against the machine's ceilings (`roofline`). The report is what a
 //! cache stores per CPU model, and `apply` puts a stored one back in force.
+//!
+//! Where a type's rows are interleaved at load (`quant::packs`), that layout is timed in
+//! the same rounds and reported beside the row layout's paths. It is the one models run,
+//! so it is what `time_chosen` (the planner's speeds) measures. Whether to interleave is
+//! not a timed choice: it changes the float order of a row's sum, and a choice that timing
+//! noise could flip would let two processes on one machine part at near-ties.
 
 use std::time::Instant;
 
@@ -13,7 +19,7 @@ use crate::quant::{self};
 use crate::{roofline, ThreadPool};
 
 /// Bumped whenever a kernel changes, so timings cached under an older one are retaken.
-pub const REVISION: u32 = 9;
+pub const REVISION: u32 = 10;
 
 /// Values per weight row in the timed matrices: a common hidden size, and a short one for
 /// `Shape::DecodeShort` (Gemma 3 270M's 640, or 512 where blocks hold 256 values).
@@ -45,6 +51,10 @@ pub struct Choice {
     pub tokens: usize,
     pub timed: Vec<Timed>,
     pub chosen: Path,
+    /// The interleaved layout's timing, where the type is interleaved on this CPU (its
+    /// `path` is the VNNI form it runs); then it, not `chosen`, serves dense layers.
+    #[serde(default)]
+    pub interleaved: Option<Timed>,
 }
 
 /// Everything measured: the ceilings and every choice.
@@ -141,21 +151,31 @@ pub const NOISE: f64 = 0.03;
 /// prefetcher starting over, handing the rows to the pool).
 const MATRIX_BYTES: usize = 1 << 20;
 
-/// Seconds of one pass of `path` (None: the scalar one) over the whole buffer, matrix by
-/// matrix, with `m` tokens on `pool`.
+/// What one timing runs: a path on rows in ggml's layout (None: the scalar one), or the
+/// interleaved layout (the same rows packed).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Variant {
+    Rows(Option<Path>),
+    Interleaved,
+}
+
+/// Seconds of one pass of `variant` over the whole buffer (`w` in ggml's layout, `packed`
+/// the same rows interleaved where the variant needs them), matrix by matrix, with `m`
+/// tokens on `pool`.
 #[allow(clippy::too_many_arguments)]
 fn time_once(
     pool: &ThreadPool,
     (ty, n): (GgmlType, usize),
-    path: Option<Path>,
-    w: &[u8],
+    variant: Variant,
+    (w, packed): (&[u8], &[u8]),
     rows: usize,
     acts: &[u8],
     m: usize,
     out: &mut [f32],
 ) -> f64 {
     let p = SendOut(out.as_mut_ptr());
-    let per_matrix = (MATRIX_BYTES / (w.len() / rows).max(1)).clamp(16, rows.max(16));
+    // Whole groups of 16 rows a matrix, so interleaved ranges start at a group.
+    let per_matrix = (MATRIX_BYTES / (w.len() / rows).max(1)).clamp(16, rows.max(16)) / 16 * 16;
     let t = Instant::now();
     let mut first = 0;
     while first < rows {
@@ -165,11 +185,13 @@ fn time_once(
             // SAFETY: for_ranges hands out disjoint row ranges; each writes its own
             // `m x r.len()` region of `out`, which holds rows x m values.
             let o = unsafe { std::slice::from_raw_parts_mut(p.at(r.start * m), r.len() * m) };
-            if m == 1 {
-                quant::matvec_on(path, ty, n, w, r, acts, o);
-            } else {
-                let stride = r.len();
-                quant::matmul_on(path, ty, n, w, r, acts, m, o, stride);
+            let stride = r.len();
+            match variant {
+                Variant::Rows(path) if m == 1 => quant::matvec_on(path, ty, n, w, r, acts, o),
+                Variant::Rows(path) => quant::matmul_on(path, ty, n, w, r, acts, m, o, stride),
+                Variant::Interleaved => {
+                    quant::matmul_packed(ty, n, packed, r, acts, m, o, stride);
+                }
             }
         });
         first = end;
@@ -187,32 +209,51 @@ pub enum Keep {
     Median,
 }
 
-/// Times `paths` (None: the scalar path) for `ty` at `shape` side by side on `buf` (its
-/// size sets the matrix's: pick several times the last-level cache for the streaming
-/// shapes) for `rounds` rounds; (weight bytes x tokens, ops) per second of each.
+/// Times `variants` for `ty` at `shape` side by side on `buf` (its size sets the
+/// matrix's: pick several times the last-level cache for the streaming shapes) for
+/// `rounds` rounds; (weight bytes x tokens, ops) per second of each, counting the bytes
+/// of ggml's layout for every variant.
 fn time_each(
     pool: &ThreadPool,
     ty: GgmlType,
     shape: Shape,
-    paths: &[Option<Path>],
+    variants: &[Variant],
     (rounds, keep): (usize, Keep),
     buf: &mut [u8],
 ) -> Vec<(f64, f64)> {
     let m = tokens_of(shape);
     let n = width_of(ty, shape);
     let rows = fill_matrix(ty, n, buf);
-    let Some(&first) = paths.first().filter(|_| rows > 0) else {
+    let Some(&first) = variants.first().filter(|_| rows > 0) else {
         return Vec::new();
     };
     let w: &[u8] = &buf[..rows * (n / ty.block_size() * ty.type_size())];
+    let packed = if variants.contains(&Variant::Interleaved) {
+        quant::pack_rows(ty, n, w, rows)
+    } else {
+        Vec::new()
+    };
     let acts = activations(ty, n, m);
     let mut out = vec![0f32; rows * m];
-    let mut times = vec![Vec::new(); paths.len()];
+    let mut times = vec![Vec::new(); variants.len()];
+    let bufs = (w, &packed[..]);
     // One untimed pass first: page faults and cold caches belong to no candidate.
-    time_once(pool, (ty, n), first, w, rows, &acts, m, &mut out);
+    time_once(pool, (ty, n), first, bufs, rows, &acts, m, &mut out);
+    if !packed.is_empty() && first != Variant::Interleaved {
+        time_once(
+            pool,
+            (ty, n),
+            Variant::Interleaved,
+            bufs,
+            rows,
+            &acts,
+            m,
+            &mut out,
+        );
+    }
     for _ in 0..rounds.max(1) {
-        for (i, &p) in paths.iter().enumerate() {
-            times[i].push(time_once(pool, (ty, n), p, w, rows, &acts, m, &mut out));
+        for (i, &v) in variants.iter().enumerate() {
+            times[i].push(time_once(pool, (ty, n), v, bufs, rows, &acts, m, &mut out));
         }
     }
     let weights = (rows * n) as f64;
@@ -229,8 +270,11 @@ fn time_each(
         .collect()
 }
 
-/// Weight bytes x tokens per second of the path in force for `ty` at `shape` (the scalar
-/// one where no SIMD path exists), timed on `buf` as the candidates are.
+/// Weight bytes x tokens per second of what a dense layer of `ty` runs at `shape`: the
+/// interleaved layout where `ty` is interleaved on this CPU, else the path in force (the
+/// scalar one where no SIMD path exists), timed on `buf` as the candidates are. (A MoE
+/// model's experts keep ggml's layout; at decode, the only shape they are planned at, the
+/// two layouts stream alike, as `weft bench --kernels` shows.)
 pub fn time_chosen(
     pool: &ThreadPool,
     ty: GgmlType,
@@ -238,8 +282,12 @@ pub fn time_chosen(
     (rounds, keep): (usize, Keep),
     buf: &mut [u8],
 ) -> Option<f64> {
-    let path = [select::chosen(ty, shape)];
-    let timed = time_each(pool, ty, shape, &path, (rounds, keep), buf);
+    let variant = if quant::packs(ty, width_of(ty, shape)) {
+        Variant::Interleaved
+    } else {
+        Variant::Rows(select::chosen(ty, shape))
+    };
+    let timed = time_each(pool, ty, shape, &[variant], (rounds, keep), buf);
     timed.first().map(|&(bytes_per_s, _)| bytes_per_s)
 }
 
@@ -255,12 +303,16 @@ pub fn time_candidates(
     let paths = paths.as_slice();
     let first = *paths.first()?;
     let m = tokens_of(shape);
-    let some: Vec<Option<Path>> = paths.iter().map(|&p| Some(p)).collect();
-    let timed: Vec<Timed> = time_each(pool, ty, shape, &some, (rounds, Keep::Best), buf)
+    let mut variants: Vec<Variant> = paths.iter().map(|&p| Variant::Rows(Some(p))).collect();
+    let packed_path = quant::packed_path().filter(|_| quant::packs(ty, width_of(ty, shape)));
+    if packed_path.is_some() {
+        variants.push(Variant::Interleaved);
+    }
+    let mut timed: Vec<Timed> = time_each(pool, ty, shape, &variants, (rounds, Keep::Best), buf)
         .into_iter()
-        .zip(paths)
-        .map(|((bytes_per_s, ops_per_s), &path)| Timed {
-            path,
+        .zip(paths.iter().map(Some).chain([None]))
+        .map(|((bytes_per_s, ops_per_s), path)| Timed {
+            path: path.or(packed_path.as_ref()).copied().unwrap_or(first),
             bytes_per_s,
             ops_per_s,
         })
@@ -268,6 +320,7 @@ pub fn time_candidates(
     if timed.is_empty() {
         return None;
     }
+    let interleaved = packed_path.and_then(|_| timed.pop());
     // The first candidate (the fixed guess) stays unless another beats it by more than
     // the timing noise: on a shared machine a tie is decided by chance otherwise.
     let best = timed
@@ -291,6 +344,7 @@ pub fn time_candidates(
         tokens: m,
         timed,
         chosen,
+        interleaved,
     })
 }
 
@@ -374,6 +428,14 @@ mod tests {
                             "{c:?}"
                         );
                         assert!(c.timed.iter().all(|t| t.ops_per_s > 0.0));
+                        // The interleaved layout is timed exactly where it is used.
+                        let n = width_of(ty, shape);
+                        assert_eq!(
+                            c.interleaved.is_some(),
+                            quant::packs(ty, n),
+                            "{ty} {shape:?}"
+                        );
+                        assert!(c.interleaved.as_ref().is_none_or(|t| t.ops_per_s > 0.0));
                         assert_eq!(select::chosen(ty, shape), Some(c.chosen));
                     }
                 }

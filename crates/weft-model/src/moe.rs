@@ -488,6 +488,7 @@ impl MoeFfn {
                 // SAFETY: segment `seg` rows i0..i1 map to this task's own slots of g or u.
                 let out =
                     unsafe { std::slice::from_raw_parts_mut(p.get().add(slot * ff + i0), i1 - i0) };
+                debug_assert!(!w.is_interleaved(), "experts keep ggml's layout");
                 quant::matvec(w.ty, w.n_in, w.bytes(), i0..i1, act, out);
             })
         });
@@ -512,6 +513,7 @@ impl MoeFfn {
         pool.for_ranges(n * e, 4, &|r| {
             for_segments(r, e, |slot, i0, i1| {
                 let w = &experts[slots[slot]].down;
+                debug_assert!(!w.is_interleaved(), "experts keep ggml's layout");
                 // SAFETY: rows i0..i1 of expert slot `slot` are this task's alone.
                 let out =
                     unsafe { std::slice::from_raw_parts_mut(ep.get().add(slot * e + i0), i1 - i0) };

@@ -48,7 +48,18 @@ pub fn run(json_out: bool) -> Result<()> {
         "of peak"
     )?;
     for c in &r.choices {
-        for t in &c.timed {
+        // The row layout's paths (the chosen one starred), then the interleaved layout
+        // where the type is interleaved here: dense layers run that one, experts the
+        // starred path.
+        let rows = c
+            .timed
+            .iter()
+            .map(|t| (t, t.path.name(), t.path == c.chosen));
+        let packed = c
+            .interleaved
+            .iter()
+            .map(|t| (t, format!("interleaved {}", t.path.name()), false));
+        for (t, name, starred) in rows.chain(packed) {
             let of_peak = r
                 .peak_int8_ops_per_s
                 .filter(|_| c.ty.starts_with('Q'))
@@ -60,18 +71,26 @@ pub fn run(json_out: bool) -> Result<()> {
                 c.ty,
                 c.shape.name(),
                 c.tokens,
-                t.path.name(),
+                name,
                 t.bytes_per_s / 1e9,
                 100.0 * t.bytes_per_s / bw,
                 t.ops_per_s / 1e9,
                 of_peak,
-                if t.path == c.chosen { "*" } else { "" }
+                match (starred, name.starts_with("interleaved")) {
+                    (true, _) => "*",
+                    (_, true) => "in use",
+                    _ => "",
+                }
             )?;
         }
     }
     outln!(
         "GB/s: weight bytes x tokens per second; the choices are cached in {}",
         cache.display()
+    )?;
+    outln!(
+        "interleaved: rows repacked at load, eight a group (dense layers of these types; \
+         WEFT_KERNELS_NO_PACK=1 keeps ggml's layout)"
     )?;
     Ok(())
 }

@@ -6,6 +6,7 @@
 //! returns a new buffer); callers split rows across threads.
 
 mod blocks;
+pub mod pack;
 mod quantize;
 mod scalar;
 pub mod select;
@@ -281,6 +282,120 @@ pub fn matmul_on(
                 for (i, r) in rows.clone().enumerate() {
                     let row = &weights[r * rb..(r + 1) * rb];
                     out[t * out_stride + i] = scalar::vec_dot(w, n, row, act);
+                }
+            }
+        }
+    }
+}
+
+/// The path interleaved rows take on this CPU: a VNNI form (256-bit, AVX-512's encoding
+/// first), or None where the CPU has none or `WEFT_KERNELS_NO_PACK` is set. Decided once
+/// per process, as the layout is: rows packed at load must find their kernel later.
+pub fn packed_path() -> Option<Path> {
+    static PATH: std::sync::OnceLock<Option<Path>> = std::sync::OnceLock::new();
+    *PATH.get_or_init(|| {
+        if std::env::var_os("WEFT_KERNELS_NO_PACK").is_some_and(|v| v != "0") {
+            return None;
+        }
+        [select::Fused::Avx512Vnni256, select::Fused::AvxVnni]
+            .into_iter()
+            .map(|fused| Path {
+                fused,
+                prefetch: false,
+            })
+            .find(|&p| select::runnable(p))
+    })
+}
+
+/// Whether weights of type `w` in rows of `n` values are best kept interleaved
+/// ([`pack`]) on this CPU: Q4_K, Q6_K, Q4_0, Q5_0 and Q8_0 where a VNNI form runs. A loader
+/// that packs calls [`pack_rows`] once and then [`matvec_packed`] / [`matmul_packed`].
+pub fn packs(w: GgmlType, n: usize) -> bool {
+    pack::packable(w, n) && packed_path().is_some()
+}
+
+/// `n_rows` rows of `n` values of type `w` (ggml's layout, consecutive) interleaved for
+/// [`matmul_packed`]; `w` and `n` must pass [`pack::packable`].
+pub fn pack_rows(w: GgmlType, n: usize, rows: &[u8], n_rows: usize) -> Vec<u8> {
+    pack::pack(w, n, rows, n_rows)
+}
+
+/// [`matvec`] on rows interleaved by [`pack_rows`]; `rows.start` is a multiple of
+/// [`pack::GROUP_ROWS`].
+pub fn matvec_packed(
+    w: GgmlType,
+    n: usize,
+    packed: &[u8],
+    rows: Range<usize>,
+    act: &[u8],
+    out: &mut [f32],
+) {
+    let len = rows.len();
+    matmul_packed(w, n, packed, rows, act, 1, out, len)
+}
+
+/// [`matmul`] on rows interleaved by [`pack_rows`]; `rows.start` is a multiple of
+/// [`pack::GROUP_ROWS`]. A token gives the same bits whatever `m` is.
+#[allow(clippy::too_many_arguments)]
+pub fn matmul_packed(
+    w: GgmlType,
+    n: usize,
+    packed: &[u8],
+    rows: Range<usize>,
+    acts: &[u8],
+    m: usize,
+    out: &mut [f32],
+    out_stride: usize,
+) {
+    assert!(
+        pack::packable(w, n),
+        "{w} rows of {n} values are not interleaved"
+    );
+    assert!(
+        rows.start <= rows.end && rows.start.is_multiple_of(pack::GROUP_ROWS),
+        "matmul_packed: row range {rows:?} does not start a group"
+    );
+    let need = pack::packed_len(w, n, rows.end);
+    assert!(
+        packed.len() >= need,
+        "matmul_packed: {} packed bytes, rows {rows:?} need {need}",
+        packed.len()
+    );
+    let ab = act_bytes(w, n);
+    assert!(
+        acts.len() >= m * ab,
+        "matmul_packed: acts has {} bytes for {m} tokens of {ab}",
+        acts.len()
+    );
+    if m == 0 || rows.is_empty() {
+        return;
+    }
+    assert!(
+        m == 1 || out_stride >= rows.len(),
+        "matmul_packed: out_stride {out_stride} < {} rows",
+        rows.len()
+    );
+    let need = (m - 1) * out_stride + rows.len();
+    assert!(
+        out.len() >= need,
+        "matmul_packed: out has {} slots, needs {need}",
+        out.len()
+    );
+    match (isa(), packed_path()) {
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: AVX2/FMA/F16C were detected and the path is runnable; every length was
+        // checked above.
+        (Isa::Avx2, Some(p)) => unsafe {
+            avx2::matmul_packed(p.fused, w, n, packed, rows, acts, m, out, out_stride)
+        },
+        // Interleaved rows where no kernel reads them (packing was asked for anyway):
+        // each row back in ggml's layout, then the scalar dot.
+        _ => {
+            for r in rows.clone() {
+                let row = pack::unpack_row(w, n, packed, r);
+                for t in 0..m {
+                    out[t * out_stride + r - rows.start] =
+                        scalar::vec_dot(w, n, &row, &acts[t * ab..(t + 1) * ab]);
                 }
             }
         }

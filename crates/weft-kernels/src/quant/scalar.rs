@@ -26,7 +26,7 @@ pub fn dequantize_row(ty: GgmlType, src: &[u8], dst: &mut [f32]) {
 
 /// The 32 signed levels of a Q4_0 block: low nibbles are values 0..16, high 16..32.
 #[inline]
-fn levels_q4_0(x: &[u8]) -> [i8; 32] {
+pub(super) fn levels_q4_0(x: &[u8]) -> [i8; 32] {
     std::array::from_fn(|j| {
         let b = x[2 + (j & 15)];
         (if j < 16 { b & 0xF } else { b >> 4 }) as i8 - 8
@@ -35,7 +35,7 @@ fn levels_q4_0(x: &[u8]) -> [i8; 32] {
 
 /// The 32 signed levels of a Q5_0 block: nibble plus bit j of qh as the fifth bit.
 #[inline]
-fn levels_q5_0(x: &[u8]) -> [i8; 32] {
+pub(super) fn levels_q5_0(x: &[u8]) -> [i8; 32] {
     let qh = u32::from_le_bytes([x[2], x[3], x[4], x[5]]);
     std::array::from_fn(|j| {
         let b = x[6 + (j & 15)];
@@ -58,7 +58,7 @@ fn nibble_k(qs: &[u8], i: usize) -> u8 {
 
 /// Q6_K value i (0..256), unsigned 0..64 (the format subtracts 32).
 #[inline]
-fn level_q6_k(x: &[u8], i: usize) -> u8 {
+pub(super) fn level_q6_k(x: &[u8], i: usize) -> u8 {
     let (h, r) = (i / 128, i % 128);
     let (quarter, l) = (r / 32, r % 32);
     let ql = x[64 * h + l + 32 * (quarter & 1)];

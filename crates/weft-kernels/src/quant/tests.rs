@@ -744,3 +744,177 @@ fn same_bits_as_alone(w: G, n: usize, weights: &[u8], rows: usize, acts: &[u8], 
         }
     }
 }
+
+// ---- Interleaved rows (quant::pack) ----
+
+/// The types `quant::pack` interleaves.
+const PACKED: [G; 5] = [G::Q4_K, G::Q6_K, G::Q4_0, G::Q5_0, G::Q8_0];
+
+#[test]
+fn interleaving_round_trips_every_row() {
+    let mut rng = Rng::new(21);
+    for ty in PACKED {
+        let rb = |n| row_bytes(ty, n);
+        for n in [256usize, 1024] {
+            for n_rows in [1usize, 8, 13] {
+                let buf = weight_matrix(&mut rng, ty, n, n_rows);
+                let w = &buf[1..];
+                let packed = pack_rows(ty, n, w, n_rows);
+                assert_eq!(packed.len(), pack::packed_len(ty, n, n_rows));
+                assert_eq!(
+                    packed.len(),
+                    n_rows.div_ceil(8) * 8 * rb(n)
+                        + if ty == G::Q4_K {
+                            n_rows.div_ceil(8) * n / 256 * (1184 - 8 * 144)
+                        } else {
+                            0
+                        }
+                );
+                for r in 0..n_rows {
+                    let back = pack::unpack_row(ty, n, &packed, r);
+                    assert!(
+                        back == w[r * rb(n)..(r + 1) * rb(n)],
+                        "{ty} n={n} row {r} of {n_rows}"
+                    );
+                }
+            }
+        }
+    }
+}
+
+/// Activation bytes for weights of type `w` whose quants are all `q` (block sums, where
+/// the format has them, agreeing).
+fn act_constant(w: G, n: usize, q: i8) -> Vec<u8> {
+    let mut a = vec![0u8; act_bytes(w, n)];
+    if vec_dot_type(w) == G::Q8_0 {
+        for blk in a.chunks_exact_mut(34) {
+            blk[0..2].copy_from_slice(&0x2E66u16.to_le_bytes()); // f16 0.1
+            blk[2..34].fill(q as u8);
+        }
+        return a;
+    }
+    for blk in a.chunks_exact_mut(292) {
+        blk[0..4].copy_from_slice(&0.01f32.to_le_bytes());
+        blk[4..260].fill(q as u8);
+        for i in 0..16 {
+            let s = 16 * q as i16;
+            blk[260 + 2 * i..262 + 2 * i].copy_from_slice(&s.to_le_bytes());
+        }
+    }
+    a
+}
+
+#[test]
+fn interleaved_rows_match_scalar_and_a_token_alone() {
+    // The interleaved kernels against the scalar dot of the same rows in ggml's layout,
+    // for row ranges that start at any group and end inside one, with a row of extreme
+    // levels and scales against activations of -128 and 127 (the i32 sums at their
+    // largest). A token must give the same bits in any batch and on every VNNI form the
+    // CPU has.
+    if !simd() {
+        return;
+    }
+    let mut rng = Rng::new(22);
+    for w in PACKED {
+        let (sizes, extreme) = match w {
+            G::Q4_K => ([256usize, 1024, 4352], 4..144),
+            // Q6_K: every level at 63 and every scale at -128.
+            G::Q6_K => ([256, 1024, 4352], 0..208),
+            G::Q4_0 => ([32, 640, 4160], 2..18),
+            G::Q5_0 => ([32, 640, 4160], 2..22),
+            _ => ([32, 640, 4160], 2..34),
+        };
+        for n in sizes {
+            let rows = 21;
+            let rb = row_bytes(w, n);
+            let mut buf = weight_matrix(&mut rng, w, n, rows);
+            for blk in buf[1..1 + rb].chunks_exact_mut(w.type_size()) {
+                // Top levels and scales; Q8_0's most negative weight.
+                let top = match w {
+                    G::Q8_0 => 0x80,
+                    _ => 0xFF,
+                };
+                blk[extreme.clone()].fill(top);
+                if w == G::Q6_K {
+                    blk[192..208].fill(0x80);
+                }
+            }
+            let weights = &buf[1..];
+            let packed = pack_rows(w, n, weights, rows);
+            let ab = act_bytes(w, n);
+            for m in [1usize, 3, 4, 9] {
+                let mut acts = Vec::new();
+                for t in 0..m {
+                    acts.extend(match t {
+                        0 => act_constant(w, n, -128),
+                        1 => act_constant(w, n, 127),
+                        _ => act_scalar(w, &rng.values(n)),
+                    });
+                }
+                for range in [0..rows, 8..rows, 0..8, 16..rows, 8..16] {
+                    let stride = range.len() + 1;
+                    let mut out = vec![f32::NAN; m * stride];
+                    matmul_packed(w, n, &packed, range.clone(), &acts, m, &mut out, stride);
+                    for t in 0..m {
+                        let act = &acts[t * ab..(t + 1) * ab];
+                        assert!(
+                            out[t * stride + range.len()].is_nan(),
+                            "wrote past the rows"
+                        );
+                        let mut alone = vec![0f32; range.len()];
+                        matvec_packed(w, n, &packed, range.clone(), act, &mut alone);
+                        for (i, r) in range.clone().enumerate() {
+                            let row = &weights[r * rb..(r + 1) * rb];
+                            let got = out[t * stride + i];
+                            let (_, mag) = reference_dot(w, n, row, act);
+                            let want = scalar::vec_dot(w, n, row, act);
+                            let what = format!("{w} n={n} m={m} rows {range:?} token {t} row {r}");
+                            close(got, want as f64, mag, &what);
+                            assert_eq!(
+                                got.to_bits(),
+                                alone[i].to_bits(),
+                                "{what}: batched vs alone"
+                            );
+                        }
+                    }
+                    #[cfg(target_arch = "x86_64")]
+                    for fused in [
+                        select::Fused::Avx2,
+                        select::Fused::AvxVnni,
+                        select::Fused::Avx512Vnni256,
+                    ] {
+                        let path = select::Path {
+                            fused,
+                            prefetch: false,
+                        };
+                        // maddubs saturates on Q8_0's levels (0..256), so that form is
+                        // never offered for it.
+                        if !select::runnable(path) || (w == G::Q8_0 && fused == select::Fused::Avx2)
+                        {
+                            continue;
+                        }
+                        let mut o = vec![f32::NAN; m * stride];
+                        // SAFETY: the path runs here; lengths as matmul_packed checked them.
+                        unsafe {
+                            avx2::matmul_packed(
+                                fused,
+                                w,
+                                n,
+                                &packed,
+                                range.clone(),
+                                &acts,
+                                m,
+                                &mut o,
+                                stride,
+                            )
+                        };
+                        for (x, y) in o.iter().zip(&out) {
+                            let same = x.to_bits() == y.to_bits() || (x.is_nan() && y.is_nan());
+                            assert!(same, "{w} n={n} m={m} {}: {x} vs {y}", path.name());
+                        }
+                    }
+                }
+            }
+        }
+    }
+}

@@ -65,7 +65,7 @@ macro_rules! fused {
 /// fused); exact either way.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-fn madd_acc<const F: u8>(acc: __m256i, p: __m256i, s: __m256i) -> __m256i {
+pub(super) fn madd_acc<const F: u8>(acc: __m256i, p: __m256i, s: __m256i) -> __m256i {
     fused!(
         "vpdpwssd",
         F,

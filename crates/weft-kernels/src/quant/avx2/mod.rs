@@ -15,6 +15,7 @@
 
 mod act;
 mod float;
+mod interleaved;
 mod kquant;
 mod kquant_zmm;
 mod legacy;
@@ -532,6 +533,45 @@ pub(super) unsafe fn matmul(
             (GgmlType::Q6_K, E) => tiled!(kquant::Q6K<EVEX>, 1),
             (GgmlType::Q6_K, _) => tiled!(kquant::Q6K<PLAIN>, 1),
             (GgmlType::Q8_K, _) => unreachable!("Q8_K weights take the scalar path"),
+        }
+    }
+}
+
+/// Matmul (and matvec, `m` = 1) of rows interleaved by `quant::pack`, summing as `fused`
+/// says (every form gives the same bits: the sums are exact integers).
+///
+/// # Safety
+/// AVX2/FMA/F16C present, and what `fused` needs; `w` passes `pack::packable`,
+/// `rows.start` is a multiple of 8, lengths as checked by `quant::matmul_packed`.
+/// `Fused::Avx2` (maddubs) is exact on every type but Q8_0, whose levels reach 255 and
+/// saturate its i16 pairs: Q8_0 takes a VNNI form only.
+#[allow(clippy::too_many_arguments)]
+pub(super) unsafe fn matmul_packed(
+    fused: Fused,
+    w: GgmlType,
+    n: usize,
+    packed: &[u8],
+    rows: Range<usize>,
+    acts: &[u8],
+    m: usize,
+    out: &mut [f32],
+    out_stride: usize,
+) {
+    use kquant::{PLAIN, VEX};
+    debug_assert!(!(fused == Fused::Avx2 && w == GgmlType::Q8_0));
+    // SAFETY: forwarded from the caller.
+    unsafe {
+        match fused {
+            Fused::AvxVnni => {
+                interleaved::matmul::<VEX>(w, n, packed, rows, acts, m, out, out_stride)
+            }
+            Fused::Avx2 => {
+                interleaved::matmul::<PLAIN>(w, n, packed, rows, acts, m, out, out_stride)
+            }
+            Fused::Avx512Vnni256 => {
+                interleaved::matmul_evex(w, n, packed, rows, acts, m, out, out_stride)
+            }
+            _ => unreachable!("interleaved rows run on AVX2, AVX-VNNI or AVX-512 VNNI (256)"),
         }
     }
 }

@@ -1,0 +1,637 @@
+//! Matvec and matmul on the interleaved layouts (`quant::pack`): eight rows a group, one
+//! row per i32 lane, so `vpdpbusd` of a level vector against four activation bytes
+//! broadcast sums 8 rows x 4 values with nothing to fold afterwards.
+//!
+//! - Q4_K, per sub-block (32 values) and token: eight `vpdpbusd` into an exact i32 sum,
+//!   one `vpmulld` by the eight rows' scales; per super-block and token: the mins through
+//!   the activation's sub-block sums (four `vpdpwssd`), then two float steps for all
+//!   eight rows.
+//! - Q6_K likewise per 16-value sub-block, its offset of 32 through the activation's
+//!   16-value sums, and one float step per super-block.
+//! - Q4_0/Q5_0/Q8_0, per block and token: eight `vpdpbusd` of the unsigned levels into a
+//!   sum that starts at -OFFSET * sum(a), so it ends exact and offset-free, then one
+//!   convert and one FMA by d_w * d_a for all eight rows.
+//!
+//! The integer sums are exact, so their order is free; the float steps run in one order
+//! for every token count, which makes a batched token equal the same token alone, and a
+//! row's result the same whichever group or thread computes it.
+
+use std::arch::x86_64::*;
+use std::ops::Range;
+
+use super::kquant::{dpbusd_acc, madd_acc, EVEX, Q8_K_AB, Q8_K_BSUMS, Q8_K_QS};
+use super::tile::{f16_to_f32, load128, load256, read_f32, read_u16, PREFETCH_BYTES};
+use crate::quant::pack::{
+    legacy_offset, GROUP_ROWS, LEGACY_MAX_BLOCKS, OFF_DMIN, OFF_LEVELS, OFF_MINS, OFF_SCALES,
+    Q4K_GROUP_BYTES, Q4K_MAX_BLOCKS, Q6K_GROUP_BYTES, Q6K_OFF_HIGH, Q6K_OFF_LOW, Q6K_OFF_SCALES,
+};
+use weft_gguf::GgmlType;
+
+/// Tokens a tile serves with one unpacking of the levels: 4 in 16 vector registers, 8
+/// where AVX-512VL gives 32.
+const T_AVX2: usize = 4;
+const T_AVX512: usize = 8;
+/// Activation bytes a token chunk may take, so it stays in L2 while every group of the
+/// range is dotted with it.
+const ACT_CHUNK_BYTES: usize = 192 * 1024;
+/// i32 terms the driver keeps per token chunk (every kernel's `TERMS * MAX_BLOCKS`).
+const TERMS_LEN: usize = 4 * Q4K_MAX_BLOCKS;
+const _: () = assert!(2 * LEGACY_MAX_BLOCKS <= TERMS_LEN);
+
+/// One format's kernel over a group of eight interleaved rows.
+trait GroupKernel {
+    /// Bytes of a group's block and of an activation's block.
+    const GB: usize;
+    const AB: usize;
+    /// i32 terms the driver makes per activation block (with [`Self::terms`]).
+    const TERMS: usize;
+    /// The most blocks a row may have (`TERMS * MAX_BLOCKS` fits the driver's buffer).
+    const MAX_BLOCKS: usize;
+
+    /// The terms of the activation block at `ap`.
+    ///
+    /// # Safety
+    /// `ap` points to a readable activation block; `out` has `TERMS` slots.
+    unsafe fn terms(ap: *const u8, out: &mut [i32]);
+
+    /// The group at `g` against `N` tokens over `nb` blocks: the eight rows' results per
+    /// token, in the float order every `N` shares.
+    ///
+    /// # Safety
+    /// `g` holds `nb` group blocks; each `acts[t]` holds `nb` activation blocks and each
+    /// `terms[t]` their `TERMS * nb` terms; the CPU runs form `F`.
+    unsafe fn tile<const F: u8, const N: usize>(
+        g: *const u8,
+        acts: [*const u8; N],
+        terms: [*const i32; N],
+        nb: usize,
+        prefetch: bool,
+    ) -> [__m256; N];
+}
+
+/// Asks for the group bytes PREFETCH_BYTES past `gp`, `len` of them: decode streams the
+/// groups from memory, as the row layout's matvec does. Prefetches never fault;
+/// wrapping_add keeps the address defined.
+#[inline(always)]
+fn prefetch_ahead(gp: *const u8, len: usize) {
+    let ahead = gp.wrapping_add(PREFETCH_BYTES);
+    let mut off = 0;
+    while off < len {
+        // SAFETY: a prefetch is a hint and never faults.
+        unsafe { _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(off).cast()) };
+        off += 64;
+    }
+}
+
+/// `acc + dot4(u, a)` (`vpdpbusd`) in form `F`; the AVX-512 form as an intrinsic, so a
+/// driver compiled for AVX-512VL may keep its sums in all 32 vector registers.
+#[inline(always)]
+fn dpbusd<const F: u8>(acc: __m256i, u: __m256i, a: __m256i) -> __m256i {
+    if F == EVEX {
+        // SAFETY: form EVEX runs only where AVX-512 VNNI and VL were detected, inlined
+        // into `matmul_evex`, which enables them.
+        unsafe { _mm256_dpbusd_epi32(acc, u, a) }
+    } else {
+        // SAFETY: the caller's driver runs only where form F's instructions exist.
+        unsafe { dpbusd_acc::<F>(acc, u, a) }
+    }
+}
+
+/// `acc + madd(x, y)` (`vpdpwssd`) in form `F`, as [`dpbusd`].
+#[inline(always)]
+fn dpwssd<const F: u8>(acc: __m256i, x: __m256i, y: __m256i) -> __m256i {
+    if F == EVEX {
+        // SAFETY: as in `dpbusd`.
+        unsafe { _mm256_dpwssd_epi32(acc, x, y) }
+    } else {
+        // SAFETY: as in `dpbusd`.
+        unsafe { madd_acc::<F>(acc, x, y) }
+    }
+}
+
+/// Broadcast of the four activation bytes at `p`.
+///
+/// # Safety
+/// `p` is readable for 4 bytes.
+#[inline(always)]
+unsafe fn bcast4(p: *const u8) -> __m256i {
+    // SAFETY: forwarded from the caller.
+    unsafe { _mm256_set1_epi32(p.cast::<i32>().read_unaligned()) }
+}
+
+/// Interleaved Q4_K.
+struct Q4K;
+
+impl GroupKernel for Q4K {
+    const GB: usize = Q4K_GROUP_BYTES;
+    const AB: usize = Q8_K_AB;
+    const TERMS: usize = 4;
+    const MAX_BLOCKS: usize = Q4K_MAX_BLOCKS;
+
+    /// The sums of the super-block's eight 32-value sub-blocks, paired for `vpdpwssd`:
+    /// term p holds sub-block 2p's sum in its low half and 2p+1's in its high. A
+    /// sub-block sum is at most 32 * 128 in size, so it fits an i16.
+    #[inline(always)]
+    unsafe fn terms(ap: *const u8, out: &mut [i32]) {
+        // SAFETY: bsums are the block's last 32 bytes; out has 4 slots.
+        unsafe {
+            let s16 = load256(ap.add(Q8_K_BSUMS));
+            // The 16-value sums two by two: eight i32, lanes 0-3 in the low half, 4-7 high.
+            let s32 = _mm256_madd_epi16(s16, _mm256_set1_epi16(1));
+            let s = _mm_packs_epi32(
+                _mm256_castsi256_si128(s32),
+                _mm256_extracti128_si256::<1>(s32),
+            );
+            _mm_storeu_si128(out.as_mut_ptr().cast(), s);
+        }
+    }
+
+    #[inline(always)]
+    unsafe fn tile<const F: u8, const N: usize>(
+        g: *const u8,
+        acts: [*const u8; N],
+        terms: [*const i32; N],
+        nb: usize,
+        prefetch: bool,
+    ) -> [__m256; N] {
+        let nibble = _mm256_set1_epi8(0x0F);
+        let mut acc = [_mm256_setzero_ps(); N];
+        // SAFETY (every read): inside block b of the group, of an activation or of its
+        // terms.
+        unsafe {
+            for b in 0..nb {
+                let gp = g.add(b * Q4K_GROUP_BYTES);
+                if prefetch {
+                    prefetch_ahead(gp, Q4K_GROUP_BYTES);
+                }
+                let mut isum = [_mm256_setzero_si256(); N];
+                for j in 0..8 {
+                    let sc =
+                        _mm256_cvtepu8_epi32(_mm_loadl_epi64(gp.add(OFF_SCALES + 8 * j).cast()));
+                    // Two chains per token (low and high nibbles), so more sums are in
+                    // flight than a `vpdpbusd`'s latency needs.
+                    let mut dot_lo = [_mm256_setzero_si256(); N];
+                    let mut dot_hi = [_mm256_setzero_si256(); N];
+                    for h in 0..4 {
+                        let x = load256(gp.add(OFF_LEVELS + 128 * j + 32 * h));
+                        let lo = _mm256_and_si256(x, nibble);
+                        let hi = _mm256_and_si256(_mm256_srli_epi16::<4>(x), nibble);
+                        for t in 0..N {
+                            let a = acts[t].add(b * Q8_K_AB + Q8_K_QS + 32 * j + 4 * h);
+                            dot_lo[t] = dpbusd::<F>(dot_lo[t], lo, bcast4(a));
+                            dot_hi[t] = dpbusd::<F>(dot_hi[t], hi, bcast4(a.add(16)));
+                        }
+                    }
+                    for t in 0..N {
+                        let dot = _mm256_add_epi32(dot_lo[t], dot_hi[t]);
+                        isum[t] = _mm256_add_epi32(isum[t], _mm256_mullo_epi32(dot, sc));
+                    }
+                }
+                let mut msum = [_mm256_setzero_si256(); N];
+                for p in 0..4 {
+                    let mins = _mm256_cvtepu8_epi16(load128(gp.add(OFF_MINS + 16 * p)));
+                    for t in 0..N {
+                        let pair = _mm256_set1_epi32(*terms[t].add(4 * b + p));
+                        msum[t] = dpwssd::<F>(msum[t], mins, pair);
+                    }
+                }
+                let d = _mm256_cvtph_ps(load128(gp));
+                let dmin = _mm256_cvtph_ps(load128(gp.add(OFF_DMIN)));
+                for t in 0..N {
+                    // d * sum(scale * q * a) - dmin * sum(min * sub-block sum), times the
+                    // activation's d: the same two steps whatever N is.
+                    let da = _mm256_set1_ps(read_f32(acts[t].add(b * Q8_K_AB)));
+                    let v =
+                        _mm256_fmadd_ps(_mm256_mul_ps(d, da), _mm256_cvtepi32_ps(isum[t]), acc[t]);
+                    acc[t] =
+                        _mm256_fnmadd_ps(_mm256_mul_ps(dmin, da), _mm256_cvtepi32_ps(msum[t]), v);
+                }
+            }
+        }
+        acc
+    }
+}
+
+/// Interleaved Q6_K.
+struct Q6K;
+
+impl GroupKernel for Q6K {
+    const GB: usize = Q6K_GROUP_BYTES;
+    const AB: usize = Q8_K_AB;
+    const TERMS: usize = 0;
+    const MAX_BLOCKS: usize = Q4K_MAX_BLOCKS;
+
+    /// None: the activation's 16-value sums are read where Q8_K keeps them.
+    #[inline(always)]
+    unsafe fn terms(_ap: *const u8, _out: &mut [i32]) {}
+
+    #[inline(always)]
+    unsafe fn tile<const F: u8, const N: usize>(
+        g: *const u8,
+        acts: [*const u8; N],
+        _terms: [*const i32; N],
+        nb: usize,
+        prefetch: bool,
+    ) -> [__m256; N] {
+        let nibble = _mm256_set1_epi8(0x0F);
+        let top = _mm256_set1_epi8(0x30);
+        let mut acc = [_mm256_setzero_ps(); N];
+        // SAFETY (every read): inside block b of the group or of an activation.
+        unsafe {
+            for b in 0..nb {
+                let gp = g.add(b * Q6K_GROUP_BYTES);
+                if prefetch {
+                    prefetch_ahead(gp, Q6K_GROUP_BYTES);
+                }
+                let scale = |s: usize| {
+                    _mm256_cvtepi8_epi32(_mm_loadl_epi64(gp.add(Q6K_OFF_SCALES + 8 * s).cast()))
+                };
+                let mut isum = [_mm256_setzero_si256(); N];
+                for j in 0..8 {
+                    let (sc_lo, sc_hi) = (scale(2 * j), scale(2 * j + 1));
+                    let ha = load256(gp.add(Q6K_OFF_HIGH + 64 * j));
+                    let hb = load256(gp.add(Q6K_OFF_HIGH + 64 * j + 32));
+                    // Bits 2v..2v+2 of each byte moved to bits 4..6 (16-bit shifts: what
+                    // crosses bytes lands outside those bits and the mask drops it).
+                    let high = |h: __m256i, v: usize| {
+                        let x = match v {
+                            0 => _mm256_slli_epi16::<4>(h),
+                            1 => _mm256_slli_epi16::<2>(h),
+                            2 => h,
+                            _ => _mm256_srli_epi16::<2>(h),
+                        };
+                        _mm256_and_si256(x, top)
+                    };
+                    // Values 32j..32j+16 (sub-block 2j) and 32j+16..32j+32 (2j+1).
+                    let mut dot_lo = [_mm256_setzero_si256(); N];
+                    let mut dot_hi = [_mm256_setzero_si256(); N];
+                    for h in 0..4 {
+                        let x = load256(gp.add(Q6K_OFF_LOW + 128 * j + 32 * h));
+                        let lo = _mm256_or_si256(_mm256_and_si256(x, nibble), high(ha, h));
+                        let hi = _mm256_or_si256(
+                            _mm256_and_si256(_mm256_srli_epi16::<4>(x), nibble),
+                            high(hb, h),
+                        );
+                        for t in 0..N {
+                            let a = acts[t].add(b * Q8_K_AB + Q8_K_QS + 32 * j + 4 * h);
+                            dot_lo[t] = dpbusd::<F>(dot_lo[t], lo, bcast4(a));
+                            dot_hi[t] = dpbusd::<F>(dot_hi[t], hi, bcast4(a.add(16)));
+                        }
+                    }
+                    for t in 0..N {
+                        let s = _mm256_add_epi32(
+                            _mm256_mullo_epi32(dot_lo[t], sc_lo),
+                            _mm256_mullo_epi32(dot_hi[t], sc_hi),
+                        );
+                        isum[t] = _mm256_add_epi32(isum[t], s);
+                    }
+                }
+                // The levels exceed the true ones by 32: subtract 32 * sum(scale * the
+                // activation's 16-value sum), two sub-blocks per `vpdpwssd`.
+                let mut msum = [_mm256_setzero_si256(); N];
+                for p in 0..8 {
+                    let pair = _mm_unpacklo_epi8(
+                        _mm_loadl_epi64(gp.add(Q6K_OFF_SCALES + 16 * p).cast()),
+                        _mm_loadl_epi64(gp.add(Q6K_OFF_SCALES + 16 * p + 8).cast()),
+                    );
+                    let scales = _mm256_cvtepi8_epi16(pair);
+                    for t in 0..N {
+                        let bs = bcast4(acts[t].add(b * Q8_K_AB + Q8_K_BSUMS + 4 * p));
+                        msum[t] = dpwssd::<F>(msum[t], scales, bs);
+                    }
+                }
+                let d = _mm256_cvtph_ps(load128(gp));
+                for t in 0..N {
+                    let tot = _mm256_sub_epi32(isum[t], _mm256_slli_epi32::<5>(msum[t]));
+                    let da = _mm256_set1_ps(read_f32(acts[t].add(b * Q8_K_AB)));
+                    acc[t] = _mm256_fmadd_ps(_mm256_mul_ps(d, da), _mm256_cvtepi32_ps(tot), acc[t]);
+                }
+            }
+        }
+        acc
+    }
+}
+
+/// How a 32-value format's group block unpacks to its eight level vectors.
+trait Levels8 {
+    const TYPE: GgmlType;
+    /// Bytes of one block of the type in ggml's layout.
+    const WB: usize;
+    /// # Safety
+    /// `gp` points to a readable group block.
+    unsafe fn levels(gp: *const u8) -> [__m256i; 8];
+}
+
+/// The nibble loads of Q4_0/Q5_0 at `p`: load h gives vectors h (low) and h + 4 (high).
+///
+/// # Safety
+/// `p` is readable for 128 bytes.
+#[inline(always)]
+unsafe fn nibble_vectors(p: *const u8) -> [__m256i; 8] {
+    let nibble = _mm256_set1_epi8(0x0F);
+    // SAFETY: forwarded from the caller.
+    let x: [__m256i; 4] = std::array::from_fn(|h| unsafe { load256(p.add(32 * h)) });
+    std::array::from_fn(|v| {
+        if v < 4 {
+            _mm256_and_si256(x[v], nibble)
+        } else {
+            _mm256_and_si256(_mm256_srli_epi16::<4>(x[v - 4]), nibble)
+        }
+    })
+}
+
+struct Q4_0L;
+struct Q5_0L;
+struct Q8_0L;
+
+impl Levels8 for Q4_0L {
+    const TYPE: GgmlType = GgmlType::Q4_0;
+    const WB: usize = 18;
+    #[inline(always)]
+    unsafe fn levels(gp: *const u8) -> [__m256i; 8] {
+        // SAFETY: the nibbles are bytes 16..144 of the block.
+        unsafe { nibble_vectors(gp.add(16)) }
+    }
+}
+
+impl Levels8 for Q5_0L {
+    const TYPE: GgmlType = GgmlType::Q5_0;
+    const WB: usize = 22;
+    #[inline(always)]
+    unsafe fn levels(gp: *const u8) -> [__m256i; 8] {
+        // SAFETY: the fifth bits are bytes 16..48 of the block, the nibbles 48..176.
+        let (h, mut l) = unsafe { (load256(gp.add(16)), nibble_vectors(gp.add(48))) };
+        let bit = _mm256_set1_epi8(0x10);
+        // Bit v of each byte moved to bit 4 (16-bit shifts: what crosses into the next
+        // byte lands below bit 4 or above it, and the mask drops it).
+        let fifth = [
+            _mm256_slli_epi16::<4>(h),
+            _mm256_slli_epi16::<3>(h),
+            _mm256_slli_epi16::<2>(h),
+            _mm256_slli_epi16::<1>(h),
+            h,
+            _mm256_srli_epi16::<1>(h),
+            _mm256_srli_epi16::<2>(h),
+            _mm256_srli_epi16::<3>(h),
+        ];
+        for v in 0..8 {
+            l[v] = _mm256_or_si256(l[v], _mm256_and_si256(fifth[v], bit));
+        }
+        l
+    }
+}
+
+impl Levels8 for Q8_0L {
+    const TYPE: GgmlType = GgmlType::Q8_0;
+    const WB: usize = 34;
+    #[inline(always)]
+    unsafe fn levels(gp: *const u8) -> [__m256i; 8] {
+        // SAFETY: the levels are bytes 16..272 of the block.
+        std::array::from_fn(|v| unsafe { load256(gp.add(16 + 32 * v)) })
+    }
+}
+
+/// Interleaved Q4_0/Q5_0/Q8_0.
+struct Legacy<L>(std::marker::PhantomData<L>);
+
+/// Bytes of a Q8_0 activation block.
+const Q8_0_AB: usize = 34;
+
+impl<L: Levels8> GroupKernel for Legacy<L> {
+    const GB: usize = GROUP_ROWS * L::WB;
+    const AB: usize = Q8_0_AB;
+    const TERMS: usize = 2;
+    const MAX_BLOCKS: usize = LEGACY_MAX_BLOCKS;
+
+    /// The activation's d as f32 bits, and -OFFSET * the sum of its 32 quants.
+    #[inline(always)]
+    unsafe fn terms(ap: *const u8, out: &mut [i32]) {
+        // SAFETY: a Q8_0 block is d (f16) then 32 quants.
+        unsafe {
+            out[0] = f16_to_f32(read_u16(ap)).to_bits() as i32;
+            let q = load256(ap.add(2));
+            let s = _mm256_madd_epi16(
+                _mm256_maddubs_epi16(_mm256_set1_epi8(1), q),
+                _mm256_set1_epi16(1),
+            );
+            let s = _mm_add_epi32(_mm256_castsi256_si128(s), _mm256_extracti128_si256::<1>(s));
+            let s = _mm_add_epi32(s, _mm_shuffle_epi32::<0b01_00_11_10>(s));
+            let s = _mm_add_epi32(s, _mm_shuffle_epi32::<0b10_11_00_01>(s));
+            out[1] = -legacy_offset(L::TYPE) * _mm_cvtsi128_si32(s);
+        }
+    }
+
+    #[inline(always)]
+    unsafe fn tile<const F: u8, const N: usize>(
+        g: *const u8,
+        acts: [*const u8; N],
+        terms: [*const i32; N],
+        nb: usize,
+        prefetch: bool,
+    ) -> [__m256; N] {
+        let mut acc = [_mm256_setzero_ps(); N];
+        // SAFETY (every read): inside block b of the group, of an activation or of its
+        // terms.
+        unsafe {
+            for b in 0..nb {
+                let gp = g.add(b * Self::GB);
+                if prefetch {
+                    prefetch_ahead(gp, Self::GB);
+                }
+                let lv = L::levels(gp);
+                let dw = _mm256_cvtph_ps(load128(gp));
+                for t in 0..N {
+                    let a = acts[t].add(b * Q8_0_AB + 2);
+                    let tp = terms[t].add(2 * b);
+                    // Two chains, the first starting at -OFFSET * sum(a): exact, and
+                    // offset-free once added.
+                    let mut d0 = _mm256_set1_epi32(*tp.add(1));
+                    let mut d1 = _mm256_setzero_si256();
+                    for v in 0..4 {
+                        d0 = dpbusd::<F>(d0, lv[v], bcast4(a.add(4 * v)));
+                        d1 = dpbusd::<F>(d1, lv[v + 4], bcast4(a.add(16 + 4 * v)));
+                    }
+                    let da = _mm256_set1_ps(f32::from_bits(*tp as u32));
+                    let dot = _mm256_cvtepi32_ps(_mm256_add_epi32(d0, d1));
+                    acc[t] = _mm256_fmadd_ps(dot, _mm256_mul_ps(dw, da), acc[t]);
+                }
+            }
+        }
+        acc
+    }
+}
+
+/// Writes a group's result for one token: its rows that fall in `rows`.
+///
+/// # Safety
+/// `out` is valid for `rows.len()` floats; `first` (a row of `rows`, a multiple of 8
+/// from `rows.start`) is where the group starts.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn store(v: __m256, out: *mut f32, first: usize, rows: &Range<usize>) {
+    let live = (rows.end - first).min(GROUP_ROWS);
+    // SAFETY: rows first..first+live are in `rows`, so their slots are in `out`.
+    unsafe {
+        let o = out.add(first - rows.start);
+        if live == GROUP_ROWS {
+            _mm256_storeu_ps(o, v);
+        } else {
+            let mut tmp = [0.0f32; GROUP_ROWS];
+            _mm256_storeu_ps(tmp.as_mut_ptr(), v);
+            std::ptr::copy_nonoverlapping(tmp.as_ptr(), o, live);
+        }
+    }
+}
+
+/// Matmul (and matvec, `m` = 1) of interleaved rows: token chunks that stay in L2 (their
+/// per-block terms made once), then groups, then tiles of `T` tokens (and single
+/// tokens at the edge).
+///
+/// # Safety
+/// AVX2/FMA/F16C and what form `F` needs present; `rows.start` is a multiple of 8;
+/// `packed` holds the groups of rows `..rows.end` over `nb` <= `K::MAX_BLOCKS` blocks;
+/// `acts` holds `m` activations of `nb` blocks; `out` holds
+/// `(m - 1) * out_stride + rows.len()` floats.
+#[allow(clippy::too_many_arguments)]
+#[inline(always)]
+unsafe fn drive<K: GroupKernel, const F: u8, const T: usize>(
+    nb: usize,
+    packed: &[u8],
+    rows: Range<usize>,
+    acts: &[u8],
+    m: usize,
+    out: &mut [f32],
+    out_stride: usize,
+) {
+    debug_assert!(rows.start.is_multiple_of(GROUP_ROWS) && nb <= K::MAX_BLOCKS);
+    let ab = nb * K::AB;
+    let gb = nb * K::GB;
+    let (w, a, o) = (packed.as_ptr(), acts.as_ptr(), out.as_mut_ptr());
+    let mut terms = [0i32; TERMS_LEN];
+    let per_token = K::TERMS * nb;
+    let chunk = (ACT_CHUNK_BYTES / ab.max(1))
+        .min(TERMS_LEN / per_token.max(1))
+        .max(1);
+    let groups = rows.start / GROUP_ROWS..rows.end.div_ceil(GROUP_ROWS);
+    let mut t0 = 0;
+    // SAFETY (pointer arithmetic, tiles and stores): tokens below m, groups below
+    // rows.end / 8 rounded up, blocks below nb, all promised by the caller.
+    while t0 < m {
+        let t1 = (t0 + chunk).min(m);
+        let act = |t: usize| unsafe { a.add(t * ab) };
+        for t in t0..t1 {
+            for b in 0..nb {
+                let at = (t - t0) * per_token + b * K::TERMS;
+                unsafe { K::terms(act(t).add(b * K::AB), &mut terms[at..at + K::TERMS]) };
+            }
+        }
+        let term = |t: usize| unsafe { terms.as_ptr().add((t - t0) * per_token) };
+        // Few tokens leave the loop bound by memory, as matvec is; many reuse each group
+        // long enough for the hardware prefetcher.
+        let prefetch = t1 - t0 <= 2 * T;
+        for g in groups.clone() {
+            let gp = unsafe { w.add(g * gb) };
+            let first = g * GROUP_ROWS;
+            let mut t = t0;
+            while t + T <= t1 {
+                let v = unsafe {
+                    K::tile::<F, T>(
+                        gp,
+                        std::array::from_fn(|k| act(t + k)),
+                        std::array::from_fn(|k| term(t + k)),
+                        nb,
+                        prefetch,
+                    )
+                };
+                for (k, v) in v.into_iter().enumerate() {
+                    unsafe { store(v, o.add((t + k) * out_stride), first, &rows) };
+                }
+                t += T;
+            }
+            while t < t1 {
+                let v = unsafe { K::tile::<F, 1>(gp, [act(t)], [term(t)], nb, prefetch) };
+                unsafe { store(v[0], o.add(t * out_stride), first, &rows) };
+                t += 1;
+            }
+        }
+        t0 = t1;
+    }
+}
+
+/// [`drive`] for type `w` (Q4_K, Q6_K, Q4_0, Q5_0 or Q8_0) with `T`-token tiles.
+///
+/// # Safety
+/// As [`drive`], with `n` values a row.
+#[allow(clippy::too_many_arguments)]
+#[inline(always)]
+unsafe fn matmul_any<const F: u8, const T: usize>(
+    w: GgmlType,
+    n: usize,
+    packed: &[u8],
+    rows: Range<usize>,
+    acts: &[u8],
+    m: usize,
+    out: &mut [f32],
+    out_stride: usize,
+) {
+    let nb = n / w.block_size();
+    // SAFETY: forwarded from the caller.
+    unsafe {
+        match w {
+            GgmlType::Q4_K => drive::<Q4K, F, T>(nb, packed, rows, acts, m, out, out_stride),
+            GgmlType::Q6_K => drive::<Q6K, F, T>(nb, packed, rows, acts, m, out, out_stride),
+            GgmlType::Q4_0 => {
+                drive::<Legacy<Q4_0L>, F, T>(nb, packed, rows, acts, m, out, out_stride)
+            }
+            GgmlType::Q5_0 => {
+                drive::<Legacy<Q5_0L>, F, T>(nb, packed, rows, acts, m, out, out_stride)
+            }
+            GgmlType::Q8_0 => {
+                drive::<Legacy<Q8_0L>, F, T>(nb, packed, rows, acts, m, out, out_stride)
+            }
+            _ => unreachable!("{w} rows are not interleaved"),
+        }
+    }
+}
+
+/// The interleaved matmul in form `F` (PLAIN or VEX), compiled for AVX2.
+///
+/// # Safety
+/// As [`drive`], with `n` values a row; `F` is not EVEX.
+#[allow(clippy::too_many_arguments)]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn matmul<const F: u8>(
+    w: GgmlType,
+    n: usize,
+    packed: &[u8],
+    rows: Range<usize>,
+    acts: &[u8],
+    m: usize,
+    out: &mut [f32],
+    out_stride: usize,
+) {
+    debug_assert!(F != EVEX);
+    // SAFETY: forwarded from the caller.
+    unsafe { matmul_any::<F, T_AVX2>(w, n, packed, rows, acts, m, out, out_stride) }
+}
+
+/// The interleaved matmul in the EVEX form, compiled for AVX-512 VNNI and VL (32 vector
+/// registers, so 8-token tiles).
+///
+/// # Safety
+/// As [`drive`], with `n` values a row, on a CPU with AVX-512 F/VL/VNNI.
+#[allow(clippy::too_many_arguments)]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl,avx512vnni")]
+pub(super) unsafe fn matmul_evex(
+    w: GgmlType,
+    n: usize,
+    packed: &[u8],
+    rows: Range<usize>,
+    acts: &[u8],
+    m: usize,
+    out: &mut [f32],
+    out_stride: usize,
+) {
+    // SAFETY: forwarded from the caller.
+    unsafe { matmul_any::<EVEX, T_AVX512>(w, n, packed, rows, acts, m, out, out_stride) }
+}

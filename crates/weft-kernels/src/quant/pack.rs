@@ -1,0 +1,418 @@
+//! The interleaved weight layouts: Q4_K, Q6_K, Q4_0, Q5_0 and Q8_0 rows repacked at load,
+//! eight to a group, so the VNNI kernels hold one row per i32 lane.
+//!
+//! In ggml's layout a row's 256-value super-block is one block; a SIMD dot product runs
+//! along it and must fold its lanes at the end, and every token re-reads the row's
+//! scales. Interleaved, lane r of a 256-bit register is row r of the group and holds four
+//! consecutive values of it, so one `vpdpbusd` against an activation's four bytes
+//! broadcast is 8 rows x 4 values, nothing is folded, and a sub-block's scales and a
+//! super-block's float steps serve all eight rows at once (llama.cpp repacks Q4_K the
+//! same way for its x86 and Arm paths; this layout is weft's own, sized for the kernel in
+//! `avx2/interleaved.rs`).
+//!
+//! One super-block of a group, [`Q4K_GROUP_BYTES`] bytes (2.8 % more than the eight
+//! blocks it replaces):
+//!
+//! | offset | bytes | what |
+//! |---|---|---|
+//! | 0 | 16 | `d` of rows 0..8, f16 |
+//! | 16 | 16 | `dmin` of rows 0..8, f16 |
+//! | 32 | 64 | scale of sub-block j, row r at `32 + 8j + r`, u8 (6 bits) |
+//! | 96 | 64 | min of sub-block 2p+e, row r at `96 + 16p + 2r + e`, u8 (6 bits) |
+//! | 160 | 1024 | levels: sub-block j, quarter h (`160 + 128j + 32h`): byte `4r + i` holds value `32j + 4h + i` of row r in its low nibble and value `32j + 16 + 4h + i` in its high one |
+//!
+//! Q6_K keeps its size (1680 bytes, eight blocks of 210): `d` of the eight rows (f16, 16
+//! bytes at 0); the sixteen 16-value sub-blocks' scales, sub-block s of row r at
+//! `16 + 8s + r` (i8); the low four bits of the levels as Q4_K's (1024 bytes at 144,
+//! sub-block pair j, quarter h at `144 + 128j + 32h`); then their top two bits, 64 bytes
+//! per 32 values j at `1168 + 64j`: bits 2v..2v+2 of byte `4r + i` hold those of value
+//! `32j + 4v + i` of row r (v < 4), and of the next 32 bytes the same for v = 4..8.
+//!
+//! The 32-value formats keep their size too: one 32-value block of a group is the eight
+//! rows' f16 `d` (16 bytes) and then their levels as unsigned bytes, value `4v + i` of row
+//! r at byte `32v + 4r + i` of a level vector v (0..8):
+//! - Q8_0: the eight level vectors as bytes, each level plus 128 (272 bytes);
+//! - Q4_0: four 32-byte nibble loads, load h holding vector h in its low nibbles and
+//!   vector h + 4 in its high ones (144 bytes);
+//! - Q5_0: a 32-byte plane of fifth bits (bit v of byte `4r + i` is that of vector v),
+//!   then the nibbles as Q4_0 (176 bytes).
+//!
+//! Rows past the end of the matrix (the last group's padding) are all zero, so they sum
+//! to zero and are never written out.
+
+use weft_gguf::GgmlType;
+
+use super::blocks::{scale_min_k4, Q6_K_D, Q6_K_SCALES};
+use super::scalar::{level_q6_k, levels_q4_0, levels_q5_0};
+
+/// Rows in one interleaved group.
+pub const GROUP_ROWS: usize = 8;
+/// Bytes of one super-block of eight interleaved Q4_K rows.
+pub const Q4K_GROUP_BYTES: usize = 1184;
+/// The most super-blocks a row may have to be interleaved (524,288 values, far above any
+/// model's widest layer): the kernel keeps a token chunk's sub-block sums on its stack.
+pub const Q4K_MAX_BLOCKS: usize = 2048;
+/// Bytes of one super-block of eight interleaved Q6_K rows, and offsets inside it.
+pub const Q6K_GROUP_BYTES: usize = 1680;
+pub(super) const Q6K_OFF_SCALES: usize = 16;
+pub(super) const Q6K_OFF_LOW: usize = 144;
+pub(super) const Q6K_OFF_HIGH: usize = 1168;
+/// Bytes of one Q6_K block in ggml's layout.
+const Q6K_BLOCK: usize = 210;
+/// Bytes of one Q4_K block in ggml's layout.
+const Q4K_BLOCK: usize = 144;
+
+/// Offsets inside a group's super-block (see the table above).
+pub(super) const OFF_DMIN: usize = 16;
+pub(super) const OFF_SCALES: usize = 32;
+pub(super) const OFF_MINS: usize = 96;
+pub(super) const OFF_LEVELS: usize = 160;
+
+/// Whether rows of `n` Q4_K values can be interleaved.
+fn q4k_packable(n: usize) -> bool {
+    n.is_multiple_of(256) && n > 0 && n / 256 <= Q4K_MAX_BLOCKS
+}
+
+/// The most blocks a row of a 32-value format may have to be interleaved (131,072
+/// values): the kernel keeps a token chunk's per-block terms on its stack.
+pub const LEGACY_MAX_BLOCKS: usize = 4096;
+
+/// What the stored unsigned levels of a 32-value format exceed the true ones by.
+pub fn legacy_offset(w: GgmlType) -> i32 {
+    match w {
+        GgmlType::Q4_0 => 8,
+        GgmlType::Q5_0 => 16,
+        _ => 128,
+    }
+}
+
+/// Whether rows of `n` values of type `w` can be interleaved.
+pub fn packable(w: GgmlType, n: usize) -> bool {
+    match w {
+        GgmlType::Q4_K | GgmlType::Q6_K => q4k_packable(n),
+        GgmlType::Q4_0 | GgmlType::Q5_0 | GgmlType::Q8_0 => {
+            n.is_multiple_of(32) && n > 0 && n / 32 <= LEGACY_MAX_BLOCKS
+        }
+        _ => false,
+    }
+}
+
+/// Bytes of one block of eight interleaved rows of type `w` (eight times ggml's block).
+pub fn group_block_bytes(w: GgmlType) -> usize {
+    match w {
+        GgmlType::Q4_K => Q4K_GROUP_BYTES,
+        GgmlType::Q6_K => Q6K_GROUP_BYTES,
+        _ => GROUP_ROWS * w.type_size(),
+    }
+}
+
+/// Bytes of `n_rows` rows of `n` values of type `w` once interleaved (the rows rounded
+/// up to a whole group).
+pub fn packed_len(w: GgmlType, n: usize, n_rows: usize) -> usize {
+    n_rows.div_ceil(GROUP_ROWS) * (n / w.block_size()) * group_block_bytes(w)
+}
+
+/// Interleaves `n_rows` rows of `n` values of type `w` (ggml's layout, consecutive in
+/// `rows`). Group g's block b sits at `(g * blocks per row + b) * group_block_bytes(w)`.
+///
+/// # Panics
+/// If `!packable(w, n)` or `rows` is shorter than `n_rows` rows.
+pub fn pack(w: GgmlType, n: usize, rows: &[u8], n_rows: usize) -> Vec<u8> {
+    assert!(
+        packable(w, n),
+        "{w} rows of {n} values cannot be interleaved"
+    );
+    match w {
+        GgmlType::Q4_K => return pack_q4k(n, rows, n_rows),
+        GgmlType::Q6_K => return pack_q6k(n, rows, n_rows),
+        _ => {}
+    }
+    let (wb, gb) = (w.type_size(), group_block_bytes(w));
+    let nb = n / 32;
+    assert!(
+        rows.len() >= n_rows * nb * wb,
+        "pack: {} bytes for {n_rows} {w} rows of {n}",
+        rows.len()
+    );
+    let mut out = vec![0u8; packed_len(w, n, n_rows)];
+    // Where a format's nibbles start (after d, and Q5_0's plane of fifth bits).
+    let nibbles = if w == GgmlType::Q5_0 { 48 } else { 16 };
+    for_each_group_block(&mut out, gb, |gi, o| {
+        let (g, b) = (gi / nb, gi % nb);
+        for r in 0..GROUP_ROWS {
+            let row = g * GROUP_ROWS + r;
+            if row >= n_rows {
+                break;
+            }
+            let block = &rows[(row * nb + b) * wb..][..wb];
+            o[2 * r..2 * r + 2].copy_from_slice(&block[0..2]);
+            let q = unsigned_levels(w, block);
+            if w != GgmlType::Q8_0 {
+                put_nibble_pairs(&mut o[nibbles..], r, &q);
+            }
+            for i in 0..4 {
+                if w == GgmlType::Q8_0 {
+                    for v in 0..8 {
+                        o[16 + 32 * v + 4 * r + i] = q[4 * v + i];
+                    }
+                    continue;
+                }
+                if w == GgmlType::Q5_0 {
+                    o[16 + 4 * r + i] =
+                        (0..8).fold(0u8, |acc, v| acc | (((q[4 * v + i] >> 4) & 1) << v));
+                }
+            }
+        }
+    });
+    out
+}
+
+/// Row r's low four bits of 32 consecutive levels `q` into the four 32-byte nibble loads
+/// at `dst`: load h holds values 4h..4h+4 in its low nibbles, 16+4h.. in its high ones.
+fn put_nibble_pairs(dst: &mut [u8], r: usize, q: &[u8]) {
+    for h in 0..4 {
+        for i in 0..4 {
+            let (lo, hi) = (q[4 * h + i] & 0x0F, q[16 + 4 * h + i] & 0x0F);
+            dst[32 * h + 4 * r + i] = lo | (hi << 4);
+        }
+    }
+}
+
+/// The levels of a 32-value block plus [`legacy_offset`]: 0..16, 0..32 or 0..256.
+fn unsigned_levels(w: GgmlType, block: &[u8]) -> [u8; 32] {
+    let signed: [i8; 32] = match w {
+        GgmlType::Q4_0 => levels_q4_0(block),
+        GgmlType::Q5_0 => levels_q5_0(block),
+        _ => std::array::from_fn(|k| block[2 + k] as i8),
+    };
+    signed.map(|l| (l as i32 + legacy_offset(w)) as u8)
+}
+
+/// Runs `f(index, block)` on every `gb`-byte group block of `out`, on as many threads as
+/// the machine has when the matrix is large (packing is a copy at load, and a model's
+/// worth of it on one core would add seconds to every start).
+fn for_each_group_block(out: &mut [u8], gb: usize, f: impl Fn(usize, &mut [u8]) + Sync) {
+    const MIN_PER_THREAD: usize = 4 << 20;
+    let blocks = out.len() / gb;
+    let threads = std::thread::available_parallelism()
+        .map_or(1, |n| n.get())
+        .min(out.len() / MIN_PER_THREAD)
+        .max(1);
+    let per = blocks.div_ceil(threads).max(1);
+    std::thread::scope(|s| {
+        for (c, part) in out.chunks_mut(per * gb).enumerate() {
+            let f = &f;
+            let mut run = move || {
+                for (i, o) in part.chunks_exact_mut(gb).enumerate() {
+                    f(c * per + i, o);
+                }
+            };
+            if threads == 1 {
+                run();
+            } else {
+                s.spawn(run);
+            }
+        }
+    });
+}
+
+/// Row `row` of an interleaved matrix back in ggml's layout (for tests and for the
+/// scalar fallback).
+pub fn unpack_row(w: GgmlType, n: usize, packed: &[u8], row: usize) -> Vec<u8> {
+    match w {
+        GgmlType::Q4_K => return unpack_q4k_row(n, packed, row),
+        GgmlType::Q6_K => return unpack_q6k_row(n, packed, row),
+        _ => {}
+    }
+    let (wb, gb) = (w.type_size(), group_block_bytes(w));
+    let nb = n / 32;
+    let (g, r) = (row / GROUP_ROWS, row % GROUP_ROWS);
+    let nibbles = if w == GgmlType::Q5_0 { 48 } else { 16 };
+    let mut out = vec![0u8; nb * wb];
+    for (b, block) in out.chunks_exact_mut(wb).enumerate() {
+        let o = &packed[(g * nb + b) * gb..][..gb];
+        block[0..2].copy_from_slice(&o[2 * r..2 * r + 2]);
+        for k in 0..32 {
+            let (v, i) = (k / 4, k % 4);
+            let q = match w {
+                GgmlType::Q8_0 => o[16 + 32 * v + 4 * r + i],
+                _ => {
+                    let byte = o[nibbles + 32 * (v % 4) + 4 * r + i];
+                    let nib = if v < 4 { byte & 0x0F } else { byte >> 4 };
+                    nib | (((o[16 + 4 * r + i] >> v) & 1) << 4)
+                }
+            };
+            match w {
+                GgmlType::Q8_0 => block[2 + k] = (q as i32 - 128) as i8 as u8,
+                GgmlType::Q4_0 => {
+                    block[2 + k % 16] |= if k < 16 { q & 0x0F } else { q << 4 };
+                }
+                _ => {
+                    block[6 + k % 16] |= if k < 16 { q & 0x0F } else { (q & 0x0F) << 4 };
+                    if q & 0x10 != 0 {
+                        block[2 + k / 8] |= 1 << (k % 8);
+                    }
+                }
+            }
+        }
+    }
+    out
+}
+
+/// Interleaves `n_rows` Q4_K rows of `n` values (ggml's layout, consecutive in `rows`).
+/// Group g's super-block b sits at `(g * n / 256 + b) * Q4K_GROUP_BYTES`.
+///
+/// `rows` holds at least `n_rows` rows (checked); `q4k_packable(n)`.
+fn pack_q4k(n: usize, rows: &[u8], n_rows: usize) -> Vec<u8> {
+    let nb = n / 256;
+    let rb = nb * Q4K_BLOCK;
+    assert!(
+        rows.len() >= n_rows * rb,
+        "pack_q4k: {} bytes for {n_rows} rows of {rb}",
+        rows.len()
+    );
+    let mut out = vec![0u8; packed_len(GgmlType::Q4_K, n, n_rows)];
+    for_each_group_block(&mut out, Q4K_GROUP_BYTES, |gb, o| {
+        let (g, b) = (gb / nb, gb % nb);
+        for r in 0..GROUP_ROWS {
+            let row = g * GROUP_ROWS + r;
+            if row >= n_rows {
+                break;
+            }
+            let block = &rows[row * rb + b * Q4K_BLOCK..][..Q4K_BLOCK];
+            o[2 * r..2 * r + 2].copy_from_slice(&block[0..2]);
+            o[OFF_DMIN + 2 * r..OFF_DMIN + 2 * r + 2].copy_from_slice(&block[2..4]);
+            for j in 0..8 {
+                let (sc, m) = scale_min_k4(j, &block[4..16]);
+                o[OFF_SCALES + 8 * j + r] = sc;
+                o[OFF_MINS + 16 * (j / 2) + 2 * r + j % 2] = m;
+            }
+            // Sub-block j is the low (even j) or high nibbles of 32 bytes of qs.
+            let qs = &block[16..Q4K_BLOCK];
+            for j in 0..8 {
+                let (src, shift) = (&qs[32 * (j / 2)..][..32], 4 * (j % 2));
+                let q: [u8; 32] = std::array::from_fn(|w| src[w] >> shift);
+                put_nibble_pairs(&mut o[OFF_LEVELS + 128 * j..], r, &q);
+            }
+        }
+    });
+    out
+}
+
+/// Row `row` of interleaved Q4_K rows back in ggml's layout.
+fn unpack_q4k_row(n: usize, packed: &[u8], row: usize) -> Vec<u8> {
+    let nb = n / 256;
+    let (g, r) = (row / GROUP_ROWS, row % GROUP_ROWS);
+    let mut out = vec![0u8; nb * Q4K_BLOCK];
+    for (b, block) in out.chunks_exact_mut(Q4K_BLOCK).enumerate() {
+        let o = &packed[(g * nb + b) * Q4K_GROUP_BYTES..][..Q4K_GROUP_BYTES];
+        block[0..2].copy_from_slice(&o[2 * r..2 * r + 2]);
+        block[2..4].copy_from_slice(&o[OFF_DMIN + 2 * r..OFF_DMIN + 2 * r + 2]);
+        let sc: [u8; 8] = std::array::from_fn(|j| o[OFF_SCALES + 8 * j + r]);
+        let mn: [u8; 8] = std::array::from_fn(|j| o[OFF_MINS + 16 * (j / 2) + 2 * r + j % 2]);
+        // The inverse of scale_min_k4: low six bits of j < 4 in bytes j / j+4, the rest
+        // split over the low nibbles of bytes 8..12 and the top bits of bytes 0..8.
+        for j in 0..4 {
+            block[4 + j] = (sc[j] & 63) | ((sc[j + 4] >> 4) << 6);
+            block[8 + j] = (mn[j] & 63) | ((mn[j + 4] >> 4) << 6);
+            block[12 + j] = (sc[j + 4] & 0xF) | ((mn[j + 4] & 0xF) << 4);
+        }
+        for k in 0..256 {
+            let (j, w) = (k / 32, k % 32);
+            let (h, high) = (w % 16 / 4, w >= 16);
+            let byte = o[OFF_LEVELS + 128 * j + 32 * h + 4 * r + w % 4];
+            let q = if high { byte >> 4 } else { byte & 0x0F };
+            let (c, v) = (k / 64, k % 64);
+            let at = 16 + 32 * c + v % 32;
+            block[at] |= if v < 32 { q } else { q << 4 };
+        }
+    }
+    out
+}
+
+/// Where value k (0..256) of row r sits in a Q6_K group's super-block: the byte and
+/// shift of its low four bits, and of its top two.
+fn q6k_place(r: usize, k: usize) -> ((usize, u8), (usize, u8)) {
+    let (j, w) = (k / 32, k % 32);
+    let (v, i) = (w / 4, w % 4);
+    let low = (
+        Q6K_OFF_LOW + 128 * j + 32 * (v % 4) + 4 * r + i,
+        4 * (v / 4) as u8,
+    );
+    let high = (
+        Q6K_OFF_HIGH + 64 * j + 32 * (v / 4) + 4 * r + i,
+        2 * (v % 4) as u8,
+    );
+    (low, high)
+}
+
+/// Interleaves Q6_K rows (see [`pack_q4k`]).
+fn pack_q6k(n: usize, rows: &[u8], n_rows: usize) -> Vec<u8> {
+    let nb = n / 256;
+    let rb = nb * Q6K_BLOCK;
+    assert!(
+        rows.len() >= n_rows * rb,
+        "pack: {} bytes for {n_rows} Q6_K rows of {n}",
+        rows.len()
+    );
+    let mut out = vec![0u8; packed_len(GgmlType::Q6_K, n, n_rows)];
+    for_each_group_block(&mut out, Q6K_GROUP_BYTES, |gb, o| {
+        let (g, b) = (gb / nb, gb % nb);
+        for r in 0..GROUP_ROWS {
+            let row = g * GROUP_ROWS + r;
+            if row >= n_rows {
+                break;
+            }
+            let block = &rows[row * rb + b * Q6K_BLOCK..][..Q6K_BLOCK];
+            o[2 * r..2 * r + 2].copy_from_slice(&block[Q6_K_D..Q6_K_D + 2]);
+            for s in 0..16 {
+                o[Q6K_OFF_SCALES + 8 * s + r] = block[Q6_K_SCALES + s];
+            }
+            let q: [u8; 256] = std::array::from_fn(|k| level_q6_k(block, k));
+            for j in 0..8 {
+                let q = &q[32 * j..][..32];
+                put_nibble_pairs(&mut o[Q6K_OFF_LOW + 128 * j..], r, q);
+                for i in 0..4 {
+                    for half in 0..2 {
+                        let top = (0..4).fold(0u8, |acc, v| {
+                            acc | ((q[4 * (4 * half + v) + i] >> 4) << (2 * v))
+                        });
+                        o[Q6K_OFF_HIGH + 64 * j + 32 * half + 4 * r + i] = top;
+                    }
+                }
+            }
+        }
+    });
+    out
+}
+
+/// Row `row` of interleaved Q6_K rows back in ggml's layout.
+fn unpack_q6k_row(n: usize, packed: &[u8], row: usize) -> Vec<u8> {
+    let nb = n / 256;
+    let (g, r) = (row / GROUP_ROWS, row % GROUP_ROWS);
+    let mut out = vec![0u8; nb * Q6K_BLOCK];
+    for (b, block) in out.chunks_exact_mut(Q6K_BLOCK).enumerate() {
+        let o = &packed[(g * nb + b) * Q6K_GROUP_BYTES..][..Q6K_GROUP_BYTES];
+        block[Q6_K_D..Q6_K_D + 2].copy_from_slice(&o[2 * r..2 * r + 2]);
+        for s in 0..16 {
+            block[Q6_K_SCALES + s] = o[Q6K_OFF_SCALES + 8 * s + r];
+        }
+        for k in 0..256 {
+            let ((lo, ls), (hi, hs)) = q6k_place(r, k);
+            let q = ((o[lo] >> ls) & 0x0F) | (((o[hi] >> hs) & 3) << 4);
+            // ggml's layout: halves of 128 values; in each, value l + 32 * quarter takes
+            // ql[l (+32 for odd quarters)]'s low or high nibble and qh[l]'s bits
+            // 2 * quarter.
+            let (half, rest) = (k / 128, k % 128);
+            let (quarter, l) = (rest / 32, rest % 32);
+            let ql = 64 * half + l + 32 * (quarter % 2);
+            block[ql] |= if quarter < 2 {
+                q & 0x0F
+            } else {
+                (q & 0x0F) << 4
+            };
+            block[128 + 32 * half + l] |= (q >> 4) << (2 * quarter);
+        }
+    }
+    out
+}
