@@ -175,7 +175,8 @@ fn time_once(
 ) -> f64 {
     let p = SendOut(out.as_mut_ptr());
     // Whole groups of 16 rows a matrix, so interleaved ranges start at a group.
-    let per_matrix = (MATRIX_BYTES / (w.len() / rows).max(1)).clamp(16, rows.max(16)) / 16 * 16;
+    let rb = n / ty.block_size() * ty.type_size();
+    let per_matrix = (MATRIX_BYTES / rb).clamp(16, rows.max(16)) / 16 * 16;
     let t = Instant::now();
     let mut first = 0;
     while first < rows {
@@ -223,23 +224,52 @@ fn time_each(
 ) -> Vec<(f64, f64)> {
     let m = tokens_of(shape);
     let n = width_of(ty, shape);
-    let rows = fill_matrix(ty, n, buf);
+    let rb = n / ty.block_size() * ty.type_size();
+    let mut rows = fill_matrix(ty, n, buf);
     let Some(&first) = variants.first().filter(|_| rows > 0) else {
         return Vec::new();
     };
-    let w: &[u8] = &buf[..rows * (n / ty.block_size() * ty.type_size())];
-    let packed = if variants.contains(&Variant::Interleaved) {
-        quant::pack_rows(ty, n, w, rows)
-    } else {
-        Vec::new()
+    // The matrix repeats one row, so its interleaved form repeats one group: packed
+    // once and copied. Timing only that layout, it takes `buf` itself (no second copy of
+    // a buffer sized to outgrow the caches); else a buffer of its own.
+    let group = match variants.contains(&Variant::Interleaved) {
+        true => quant::pack_rows(ty, n, &buf[..rows.min(8) * rb], rows.min(8)),
+        false => Vec::new(),
+    };
+    let rows_layout = variants.iter().any(|v| matches!(v, Variant::Rows(_)));
+    let mut own = Vec::new();
+    if !group.is_empty() {
+        let groups = if rows_layout {
+            rows.div_ceil(8)
+        } else {
+            buf.len() / group.len()
+        };
+        if groups == 0 {
+            return Vec::new();
+        }
+        let dst: &mut [u8] = if rows_layout {
+            own.resize(groups * group.len(), 0);
+            &mut own
+        } else {
+            rows = groups * 8;
+            &mut buf[..groups * group.len()]
+        };
+        for chunk in dst.chunks_exact_mut(group.len()) {
+            chunk.copy_from_slice(&group);
+        }
+    }
+    let (w, packed): (&[u8], &[u8]) = match (rows_layout, group.is_empty()) {
+        (true, _) => (&buf[..rows * rb], &own),
+        (false, false) => (&[], &buf[..rows.div_ceil(8) * group.len()]),
+        (false, true) => (&buf[..rows * rb], &[]),
     };
     let acts = activations(ty, n, m);
     let mut out = vec![0f32; rows * m];
     let mut times = vec![Vec::new(); variants.len()];
-    let bufs = (w, &packed[..]);
+    let bufs = (w, packed);
     // One untimed pass first: page faults and cold caches belong to no candidate.
     time_once(pool, (ty, n), first, bufs, rows, &acts, m, &mut out);
-    if !packed.is_empty() && first != Variant::Interleaved {
+    if !group.is_empty() && first != Variant::Interleaved {
         time_once(
             pool,
             (ty, n),
@@ -265,7 +295,7 @@ fn time_each(
                 Keep::Best => t[0],
                 Keep::Median => t[t.len() / 2],
             };
-            ((w.len() * m) as f64 / s, 2.0 * weights * m as f64 / s)
+            ((rows * rb * m) as f64 / s, 2.0 * weights * m as f64 / s)
         })
         .collect()
 }

@@ -122,21 +122,14 @@ pub fn pack(w: GgmlType, n: usize, rows: &[u8], n_rows: usize) -> Vec<u8> {
         packable(w, n),
         "{w} rows of {n} values cannot be interleaved"
     );
-    match w {
-        GgmlType::Q4_K => return pack_q4k(n, rows, n_rows),
-        GgmlType::Q6_K => return pack_q6k(n, rows, n_rows),
-        _ => {}
-    }
     let (wb, gb) = (w.type_size(), group_block_bytes(w));
-    let nb = n / 32;
+    let nb = n / w.block_size();
     assert!(
         rows.len() >= n_rows * nb * wb,
         "pack: {} bytes for {n_rows} {w} rows of {n}",
         rows.len()
     );
     let mut out = vec![0u8; packed_len(w, n, n_rows)];
-    // Where a format's nibbles start (after d, and Q5_0's plane of fifth bits).
-    let nibbles = if w == GgmlType::Q5_0 { 48 } else { 16 };
     for_each_group_block(&mut out, gb, |gi, o| {
         let (g, b) = (gi / nb, gi % nb);
         for r in 0..GROUP_ROWS {
@@ -145,26 +138,34 @@ pub fn pack(w: GgmlType, n: usize, rows: &[u8], n_rows: usize) -> Vec<u8> {
                 break;
             }
             let block = &rows[(row * nb + b) * wb..][..wb];
-            o[2 * r..2 * r + 2].copy_from_slice(&block[0..2]);
-            let q = unsigned_levels(w, block);
-            if w != GgmlType::Q8_0 {
-                put_nibble_pairs(&mut o[nibbles..], r, &q);
-            }
-            for i in 0..4 {
-                if w == GgmlType::Q8_0 {
-                    for v in 0..8 {
-                        o[16 + 32 * v + 4 * r + i] = q[4 * v + i];
-                    }
-                    continue;
-                }
-                if w == GgmlType::Q5_0 {
-                    o[16 + 4 * r + i] =
-                        (0..8).fold(0u8, |acc, v| acc | (((q[4 * v + i] >> 4) & 1) << v));
-                }
+            match w {
+                GgmlType::Q4_K => place_q4k(o, r, block),
+                GgmlType::Q6_K => place_q6k(o, r, block),
+                _ => place_legacy(w, o, r, block),
             }
         }
     });
     out
+}
+
+/// Puts a 32-value block (Q4_0/Q5_0/Q8_0) as row r of its group block `o`.
+fn place_legacy(w: GgmlType, o: &mut [u8], r: usize, block: &[u8]) {
+    // Where a format's nibbles start (after d, and Q5_0's plane of fifth bits).
+    let nibbles = if w == GgmlType::Q5_0 { 48 } else { 16 };
+    o[2 * r..2 * r + 2].copy_from_slice(&block[0..2]);
+    let q = unsigned_levels(w, block);
+    if w == GgmlType::Q8_0 {
+        for (k, &l) in q.iter().enumerate() {
+            o[16 + 32 * (k / 4) + 4 * r + k % 4] = l;
+        }
+        return;
+    }
+    put_nibble_pairs(&mut o[nibbles..], r, &q);
+    if w == GgmlType::Q5_0 {
+        for i in 0..4 {
+            o[16 + 4 * r + i] = (0..8).fold(0u8, |acc, v| acc | (((q[4 * v + i] >> 4) & 1) << v));
+        }
+    }
 }
 
 /// Row r's low four bits of 32 consecutive levels `q` into the four 32-byte nibble loads
@@ -259,44 +260,22 @@ pub fn unpack_row(w: GgmlType, n: usize, packed: &[u8], row: usize) -> Vec<u8> {
     out
 }
 
-/// Interleaves `n_rows` Q4_K rows of `n` values (ggml's layout, consecutive in `rows`).
-/// Group g's super-block b sits at `(g * n / 256 + b) * Q4K_GROUP_BYTES`.
-///
-/// `rows` holds at least `n_rows` rows (checked); `q4k_packable(n)`.
-fn pack_q4k(n: usize, rows: &[u8], n_rows: usize) -> Vec<u8> {
-    let nb = n / 256;
-    let rb = nb * Q4K_BLOCK;
-    assert!(
-        rows.len() >= n_rows * rb,
-        "pack_q4k: {} bytes for {n_rows} rows of {rb}",
-        rows.len()
-    );
-    let mut out = vec![0u8; packed_len(GgmlType::Q4_K, n, n_rows)];
-    for_each_group_block(&mut out, Q4K_GROUP_BYTES, |gb, o| {
-        let (g, b) = (gb / nb, gb % nb);
-        for r in 0..GROUP_ROWS {
-            let row = g * GROUP_ROWS + r;
-            if row >= n_rows {
-                break;
-            }
-            let block = &rows[row * rb + b * Q4K_BLOCK..][..Q4K_BLOCK];
-            o[2 * r..2 * r + 2].copy_from_slice(&block[0..2]);
-            o[OFF_DMIN + 2 * r..OFF_DMIN + 2 * r + 2].copy_from_slice(&block[2..4]);
-            for j in 0..8 {
-                let (sc, m) = scale_min_k4(j, &block[4..16]);
-                o[OFF_SCALES + 8 * j + r] = sc;
-                o[OFF_MINS + 16 * (j / 2) + 2 * r + j % 2] = m;
-            }
-            // Sub-block j is the low (even j) or high nibbles of 32 bytes of qs.
-            let qs = &block[16..Q4K_BLOCK];
-            for j in 0..8 {
-                let (src, shift) = (&qs[32 * (j / 2)..][..32], 4 * (j % 2));
-                let q: [u8; 32] = std::array::from_fn(|w| src[w] >> shift);
-                put_nibble_pairs(&mut o[OFF_LEVELS + 128 * j..], r, &q);
-            }
-        }
-    });
-    out
+/// Puts a Q4_K super-block as row r of its group super-block `o`.
+fn place_q4k(o: &mut [u8], r: usize, block: &[u8]) {
+    o[2 * r..2 * r + 2].copy_from_slice(&block[0..2]);
+    o[OFF_DMIN + 2 * r..OFF_DMIN + 2 * r + 2].copy_from_slice(&block[2..4]);
+    for j in 0..8 {
+        let (sc, m) = scale_min_k4(j, &block[4..16]);
+        o[OFF_SCALES + 8 * j + r] = sc;
+        o[OFF_MINS + 16 * (j / 2) + 2 * r + j % 2] = m;
+    }
+    // Sub-block j is the low (even j) or high nibbles of 32 bytes of qs.
+    let qs = &block[16..Q4K_BLOCK];
+    for j in 0..8 {
+        let (src, shift) = (&qs[32 * (j / 2)..][..32], 4 * (j % 2));
+        let q: [u8; 32] = std::array::from_fn(|w| src[w] >> shift);
+        put_nibble_pairs(&mut o[OFF_LEVELS + 128 * j..], r, &q);
+    }
 }
 
 /// Row `row` of interleaved Q4_K rows back in ggml's layout.
@@ -346,44 +325,25 @@ fn q6k_place(r: usize, k: usize) -> ((usize, u8), (usize, u8)) {
     (low, high)
 }
 
-/// Interleaves Q6_K rows (see [`pack_q4k`]).
-fn pack_q6k(n: usize, rows: &[u8], n_rows: usize) -> Vec<u8> {
-    let nb = n / 256;
-    let rb = nb * Q6K_BLOCK;
-    assert!(
-        rows.len() >= n_rows * rb,
-        "pack: {} bytes for {n_rows} Q6_K rows of {n}",
-        rows.len()
-    );
-    let mut out = vec![0u8; packed_len(GgmlType::Q6_K, n, n_rows)];
-    for_each_group_block(&mut out, Q6K_GROUP_BYTES, |gb, o| {
-        let (g, b) = (gb / nb, gb % nb);
-        for r in 0..GROUP_ROWS {
-            let row = g * GROUP_ROWS + r;
-            if row >= n_rows {
-                break;
-            }
-            let block = &rows[row * rb + b * Q6K_BLOCK..][..Q6K_BLOCK];
-            o[2 * r..2 * r + 2].copy_from_slice(&block[Q6_K_D..Q6_K_D + 2]);
-            for s in 0..16 {
-                o[Q6K_OFF_SCALES + 8 * s + r] = block[Q6_K_SCALES + s];
-            }
-            let q: [u8; 256] = std::array::from_fn(|k| level_q6_k(block, k));
-            for j in 0..8 {
-                let q = &q[32 * j..][..32];
-                put_nibble_pairs(&mut o[Q6K_OFF_LOW + 128 * j..], r, q);
-                for i in 0..4 {
-                    for half in 0..2 {
-                        let top = (0..4).fold(0u8, |acc, v| {
-                            acc | ((q[4 * (4 * half + v) + i] >> 4) << (2 * v))
-                        });
-                        o[Q6K_OFF_HIGH + 64 * j + 32 * half + 4 * r + i] = top;
-                    }
-                }
+/// Puts a Q6_K super-block as row r of its group super-block `o`.
+fn place_q6k(o: &mut [u8], r: usize, block: &[u8]) {
+    o[2 * r..2 * r + 2].copy_from_slice(&block[Q6_K_D..Q6_K_D + 2]);
+    for s in 0..16 {
+        o[Q6K_OFF_SCALES + 8 * s + r] = block[Q6_K_SCALES + s];
+    }
+    let q: [u8; 256] = std::array::from_fn(|k| level_q6_k(block, k));
+    for j in 0..8 {
+        let q = &q[32 * j..][..32];
+        put_nibble_pairs(&mut o[Q6K_OFF_LOW + 128 * j..], r, q);
+        for i in 0..4 {
+            for half in 0..2 {
+                let top = (0..4).fold(0u8, |acc, v| {
+                    acc | ((q[4 * (4 * half + v) + i] >> 4) << (2 * v))
+                });
+                o[Q6K_OFF_HIGH + 64 * j + 32 * half + 4 * r + i] = top;
             }
         }
-    });
-    out
+    }
 }
 
 /// Row `row` of interleaved Q6_K rows back in ggml's layout.

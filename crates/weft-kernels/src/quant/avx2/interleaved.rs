@@ -54,19 +54,47 @@ trait GroupKernel {
     /// `ap` points to a readable activation block; `out` has `TERMS` slots.
     unsafe fn terms(ap: *const u8, out: &mut [i32]);
 
-    /// The group at `g` against `N` tokens over `nb` blocks: the eight rows' results per
-    /// token, in the float order every `N` shares.
+    /// Adds block `b` of the group at `gp` (already offset to that block) against `N`
+    /// tokens to `acc`, the eight rows' sums per token, in the float order every `N`
+    /// shares.
     ///
     /// # Safety
-    /// `g` holds `nb` group blocks; each `acts[t]` holds `nb` activation blocks and each
-    /// `terms[t]` their `TERMS * nb` terms; the CPU runs form `F`.
-    unsafe fn tile<const F: u8, const N: usize>(
-        g: *const u8,
+    /// `gp` holds a group block; each `acts[t]` holds block `b` of its activation and
+    /// each `terms[t]` that block's `TERMS` terms at `TERMS * b`; the CPU runs form `F`.
+    unsafe fn add_block<const F: u8, const N: usize>(
+        gp: *const u8,
         acts: [*const u8; N],
         terms: [*const i32; N],
-        nb: usize,
-        prefetch: bool,
-    ) -> [__m256; N];
+        b: usize,
+        acc: &mut [__m256; N],
+    );
+}
+
+/// The group at `g` against `N` tokens over `nb` blocks: the eight rows' results per
+/// token.
+///
+/// # Safety
+/// `g` holds `nb` group blocks; each `acts[t]` holds `nb` activation blocks and each
+/// `terms[t]` their `TERMS * nb` terms; the CPU runs form `F`.
+#[inline(always)]
+unsafe fn group_tile<K: GroupKernel, const F: u8, const N: usize>(
+    g: *const u8,
+    acts: [*const u8; N],
+    terms: [*const i32; N],
+    nb: usize,
+    prefetch: bool,
+) -> [__m256; N] {
+    let mut acc = [_mm256_setzero_ps(); N];
+    for b in 0..nb {
+        // SAFETY: block b < nb of the group, as the caller promises.
+        let gp = unsafe { g.add(b * K::GB) };
+        if prefetch {
+            prefetch_ahead(gp, K::GB);
+        }
+        // SAFETY: forwarded from the caller.
+        unsafe { K::add_block::<F, N>(gp, acts, terms, b, &mut acc) };
+    }
+    acc
 }
 
 /// Asks for the group bytes PREFETCH_BYTES past `gp`, `len` of them: decode streams the
@@ -147,68 +175,57 @@ impl GroupKernel for Q4K {
     }
 
     #[inline(always)]
-    unsafe fn tile<const F: u8, const N: usize>(
-        g: *const u8,
+    unsafe fn add_block<const F: u8, const N: usize>(
+        gp: *const u8,
         acts: [*const u8; N],
         terms: [*const i32; N],
-        nb: usize,
-        prefetch: bool,
-    ) -> [__m256; N] {
+        b: usize,
+        acc: &mut [__m256; N],
+    ) {
         let nibble = _mm256_set1_epi8(0x0F);
-        let mut acc = [_mm256_setzero_ps(); N];
-        // SAFETY (every read): inside block b of the group, of an activation or of its
+        // SAFETY (every read): inside the group block, block b of an activation or its
         // terms.
         unsafe {
-            for b in 0..nb {
-                let gp = g.add(b * Q4K_GROUP_BYTES);
-                if prefetch {
-                    prefetch_ahead(gp, Q4K_GROUP_BYTES);
-                }
-                let mut isum = [_mm256_setzero_si256(); N];
-                for j in 0..8 {
-                    let sc =
-                        _mm256_cvtepu8_epi32(_mm_loadl_epi64(gp.add(OFF_SCALES + 8 * j).cast()));
-                    // Two chains per token (low and high nibbles), so more sums are in
-                    // flight than a `vpdpbusd`'s latency needs.
-                    let mut dot_lo = [_mm256_setzero_si256(); N];
-                    let mut dot_hi = [_mm256_setzero_si256(); N];
-                    for h in 0..4 {
-                        let x = load256(gp.add(OFF_LEVELS + 128 * j + 32 * h));
-                        let lo = _mm256_and_si256(x, nibble);
-                        let hi = _mm256_and_si256(_mm256_srli_epi16::<4>(x), nibble);
-                        for t in 0..N {
-                            let a = acts[t].add(b * Q8_K_AB + Q8_K_QS + 32 * j + 4 * h);
-                            dot_lo[t] = dpbusd::<F>(dot_lo[t], lo, bcast4(a));
-                            dot_hi[t] = dpbusd::<F>(dot_hi[t], hi, bcast4(a.add(16)));
-                        }
-                    }
+            let mut isum = [_mm256_setzero_si256(); N];
+            for j in 0..8 {
+                let sc = _mm256_cvtepu8_epi32(_mm_loadl_epi64(gp.add(OFF_SCALES + 8 * j).cast()));
+                // Two chains per token (low and high nibbles), so more sums are in
+                // flight than a `vpdpbusd`'s latency needs.
+                let mut dot_lo = [_mm256_setzero_si256(); N];
+                let mut dot_hi = [_mm256_setzero_si256(); N];
+                for h in 0..4 {
+                    let x = load256(gp.add(OFF_LEVELS + 128 * j + 32 * h));
+                    let lo = _mm256_and_si256(x, nibble);
+                    let hi = _mm256_and_si256(_mm256_srli_epi16::<4>(x), nibble);
                     for t in 0..N {
-                        let dot = _mm256_add_epi32(dot_lo[t], dot_hi[t]);
-                        isum[t] = _mm256_add_epi32(isum[t], _mm256_mullo_epi32(dot, sc));
+                        let a = acts[t].add(b * Q8_K_AB + Q8_K_QS + 32 * j + 4 * h);
+                        dot_lo[t] = dpbusd::<F>(dot_lo[t], lo, bcast4(a));
+                        dot_hi[t] = dpbusd::<F>(dot_hi[t], hi, bcast4(a.add(16)));
                     }
                 }
-                let mut msum = [_mm256_setzero_si256(); N];
-                for p in 0..4 {
-                    let mins = _mm256_cvtepu8_epi16(load128(gp.add(OFF_MINS + 16 * p)));
-                    for t in 0..N {
-                        let pair = _mm256_set1_epi32(*terms[t].add(4 * b + p));
-                        msum[t] = dpwssd::<F>(msum[t], mins, pair);
-                    }
-                }
-                let d = _mm256_cvtph_ps(load128(gp));
-                let dmin = _mm256_cvtph_ps(load128(gp.add(OFF_DMIN)));
                 for t in 0..N {
-                    // d * sum(scale * q * a) - dmin * sum(min * sub-block sum), times the
-                    // activation's d: the same two steps whatever N is.
-                    let da = _mm256_set1_ps(read_f32(acts[t].add(b * Q8_K_AB)));
-                    let v =
-                        _mm256_fmadd_ps(_mm256_mul_ps(d, da), _mm256_cvtepi32_ps(isum[t]), acc[t]);
-                    acc[t] =
-                        _mm256_fnmadd_ps(_mm256_mul_ps(dmin, da), _mm256_cvtepi32_ps(msum[t]), v);
+                    let dot = _mm256_add_epi32(dot_lo[t], dot_hi[t]);
+                    isum[t] = _mm256_add_epi32(isum[t], _mm256_mullo_epi32(dot, sc));
                 }
             }
+            let mut msum = [_mm256_setzero_si256(); N];
+            for p in 0..4 {
+                let mins = _mm256_cvtepu8_epi16(load128(gp.add(OFF_MINS + 16 * p)));
+                for t in 0..N {
+                    let pair = _mm256_set1_epi32(*terms[t].add(4 * b + p));
+                    msum[t] = dpwssd::<F>(msum[t], mins, pair);
+                }
+            }
+            let d = _mm256_cvtph_ps(load128(gp));
+            let dmin = _mm256_cvtph_ps(load128(gp.add(OFF_DMIN)));
+            for t in 0..N {
+                // d * sum(scale * q * a) - dmin * sum(min * sub-block sum), times the
+                // activation's d: the same two steps whatever N is.
+                let da = _mm256_set1_ps(read_f32(acts[t].add(b * Q8_K_AB)));
+                let v = _mm256_fmadd_ps(_mm256_mul_ps(d, da), _mm256_cvtepi32_ps(isum[t]), acc[t]);
+                acc[t] = _mm256_fnmadd_ps(_mm256_mul_ps(dmin, da), _mm256_cvtepi32_ps(msum[t]), v);
+            }
         }
-        acc
     }
 }
 
@@ -226,89 +243,81 @@ impl GroupKernel for Q6K {
     unsafe fn terms(_ap: *const u8, _out: &mut [i32]) {}
 
     #[inline(always)]
-    unsafe fn tile<const F: u8, const N: usize>(
-        g: *const u8,
+    unsafe fn add_block<const F: u8, const N: usize>(
+        gp: *const u8,
         acts: [*const u8; N],
         _terms: [*const i32; N],
-        nb: usize,
-        prefetch: bool,
-    ) -> [__m256; N] {
+        b: usize,
+        acc: &mut [__m256; N],
+    ) {
         let nibble = _mm256_set1_epi8(0x0F);
         let top = _mm256_set1_epi8(0x30);
-        let mut acc = [_mm256_setzero_ps(); N];
-        // SAFETY (every read): inside block b of the group or of an activation.
+        // SAFETY (every read): inside the group block or block b of an activation.
         unsafe {
-            for b in 0..nb {
-                let gp = g.add(b * Q6K_GROUP_BYTES);
-                if prefetch {
-                    prefetch_ahead(gp, Q6K_GROUP_BYTES);
-                }
-                let scale = |s: usize| {
-                    _mm256_cvtepi8_epi32(_mm_loadl_epi64(gp.add(Q6K_OFF_SCALES + 8 * s).cast()))
-                };
-                let mut isum = [_mm256_setzero_si256(); N];
-                for j in 0..8 {
-                    let (sc_lo, sc_hi) = (scale(2 * j), scale(2 * j + 1));
-                    let ha = load256(gp.add(Q6K_OFF_HIGH + 64 * j));
-                    let hb = load256(gp.add(Q6K_OFF_HIGH + 64 * j + 32));
-                    // Bits 2v..2v+2 of each byte moved to bits 4..6 (16-bit shifts: what
-                    // crosses bytes lands outside those bits and the mask drops it).
-                    let high = |h: __m256i, v: usize| {
-                        let x = match v {
-                            0 => _mm256_slli_epi16::<4>(h),
-                            1 => _mm256_slli_epi16::<2>(h),
-                            2 => h,
-                            _ => _mm256_srli_epi16::<2>(h),
-                        };
-                        _mm256_and_si256(x, top)
+            let scale = |s: usize| {
+                _mm256_cvtepi8_epi32(_mm_loadl_epi64(gp.add(Q6K_OFF_SCALES + 8 * s).cast()))
+            };
+            let mut isum = [_mm256_setzero_si256(); N];
+            for j in 0..8 {
+                let (sc_lo, sc_hi) = (scale(2 * j), scale(2 * j + 1));
+                let ha = load256(gp.add(Q6K_OFF_HIGH + 64 * j));
+                let hb = load256(gp.add(Q6K_OFF_HIGH + 64 * j + 32));
+                // Bits 2v..2v+2 of each byte moved to bits 4..6 (16-bit shifts: what
+                // crosses bytes lands outside those bits and the mask drops it).
+                let high = |h: __m256i, v: usize| {
+                    let x = match v {
+                        0 => _mm256_slli_epi16::<4>(h),
+                        1 => _mm256_slli_epi16::<2>(h),
+                        2 => h,
+                        _ => _mm256_srli_epi16::<2>(h),
                     };
-                    // Values 32j..32j+16 (sub-block 2j) and 32j+16..32j+32 (2j+1).
-                    let mut dot_lo = [_mm256_setzero_si256(); N];
-                    let mut dot_hi = [_mm256_setzero_si256(); N];
-                    for h in 0..4 {
-                        let x = load256(gp.add(Q6K_OFF_LOW + 128 * j + 32 * h));
-                        let lo = _mm256_or_si256(_mm256_and_si256(x, nibble), high(ha, h));
-                        let hi = _mm256_or_si256(
-                            _mm256_and_si256(_mm256_srli_epi16::<4>(x), nibble),
-                            high(hb, h),
-                        );
-                        for t in 0..N {
-                            let a = acts[t].add(b * Q8_K_AB + Q8_K_QS + 32 * j + 4 * h);
-                            dot_lo[t] = dpbusd::<F>(dot_lo[t], lo, bcast4(a));
-                            dot_hi[t] = dpbusd::<F>(dot_hi[t], hi, bcast4(a.add(16)));
-                        }
-                    }
-                    for t in 0..N {
-                        let s = _mm256_add_epi32(
-                            _mm256_mullo_epi32(dot_lo[t], sc_lo),
-                            _mm256_mullo_epi32(dot_hi[t], sc_hi),
-                        );
-                        isum[t] = _mm256_add_epi32(isum[t], s);
-                    }
-                }
-                // The levels exceed the true ones by 32: subtract 32 * sum(scale * the
-                // activation's 16-value sum), two sub-blocks per `vpdpwssd`.
-                let mut msum = [_mm256_setzero_si256(); N];
-                for p in 0..8 {
-                    let pair = _mm_unpacklo_epi8(
-                        _mm_loadl_epi64(gp.add(Q6K_OFF_SCALES + 16 * p).cast()),
-                        _mm_loadl_epi64(gp.add(Q6K_OFF_SCALES + 16 * p + 8).cast()),
+                    _mm256_and_si256(x, top)
+                };
+                // Values 32j..32j+16 (sub-block 2j) and 32j+16..32j+32 (2j+1).
+                let mut dot_lo = [_mm256_setzero_si256(); N];
+                let mut dot_hi = [_mm256_setzero_si256(); N];
+                for h in 0..4 {
+                    let x = load256(gp.add(Q6K_OFF_LOW + 128 * j + 32 * h));
+                    let lo = _mm256_or_si256(_mm256_and_si256(x, nibble), high(ha, h));
+                    let hi = _mm256_or_si256(
+                        _mm256_and_si256(_mm256_srli_epi16::<4>(x), nibble),
+                        high(hb, h),
                     );
-                    let scales = _mm256_cvtepi8_epi16(pair);
                     for t in 0..N {
-                        let bs = bcast4(acts[t].add(b * Q8_K_AB + Q8_K_BSUMS + 4 * p));
-                        msum[t] = dpwssd::<F>(msum[t], scales, bs);
+                        let a = acts[t].add(b * Q8_K_AB + Q8_K_QS + 32 * j + 4 * h);
+                        dot_lo[t] = dpbusd::<F>(dot_lo[t], lo, bcast4(a));
+                        dot_hi[t] = dpbusd::<F>(dot_hi[t], hi, bcast4(a.add(16)));
                     }
                 }
-                let d = _mm256_cvtph_ps(load128(gp));
                 for t in 0..N {
-                    let tot = _mm256_sub_epi32(isum[t], _mm256_slli_epi32::<5>(msum[t]));
-                    let da = _mm256_set1_ps(read_f32(acts[t].add(b * Q8_K_AB)));
-                    acc[t] = _mm256_fmadd_ps(_mm256_mul_ps(d, da), _mm256_cvtepi32_ps(tot), acc[t]);
+                    let s = _mm256_add_epi32(
+                        _mm256_mullo_epi32(dot_lo[t], sc_lo),
+                        _mm256_mullo_epi32(dot_hi[t], sc_hi),
+                    );
+                    isum[t] = _mm256_add_epi32(isum[t], s);
                 }
             }
+            // The levels exceed the true ones by 32: subtract 32 * sum(scale * the
+            // activation's 16-value sum), two sub-blocks per `vpdpwssd`.
+            let mut msum = [_mm256_setzero_si256(); N];
+            for p in 0..8 {
+                let pair = _mm_unpacklo_epi8(
+                    _mm_loadl_epi64(gp.add(Q6K_OFF_SCALES + 16 * p).cast()),
+                    _mm_loadl_epi64(gp.add(Q6K_OFF_SCALES + 16 * p + 8).cast()),
+                );
+                let scales = _mm256_cvtepi8_epi16(pair);
+                for t in 0..N {
+                    let bs = bcast4(acts[t].add(b * Q8_K_AB + Q8_K_BSUMS + 4 * p));
+                    msum[t] = dpwssd::<F>(msum[t], scales, bs);
+                }
+            }
+            let d = _mm256_cvtph_ps(load128(gp));
+            for t in 0..N {
+                let tot = _mm256_sub_epi32(isum[t], _mm256_slli_epi32::<5>(msum[t]));
+                let da = _mm256_set1_ps(read_f32(acts[t].add(b * Q8_K_AB)));
+                acc[t] = _mm256_fmadd_ps(_mm256_mul_ps(d, da), _mm256_cvtepi32_ps(tot), acc[t]);
+            }
         }
-        acc
     }
 }
 
@@ -422,42 +431,34 @@ impl<L: Levels8> GroupKernel for Legacy<L> {
     }
 
     #[inline(always)]
-    unsafe fn tile<const F: u8, const N: usize>(
-        g: *const u8,
+    unsafe fn add_block<const F: u8, const N: usize>(
+        gp: *const u8,
         acts: [*const u8; N],
         terms: [*const i32; N],
-        nb: usize,
-        prefetch: bool,
-    ) -> [__m256; N] {
-        let mut acc = [_mm256_setzero_ps(); N];
-        // SAFETY (every read): inside block b of the group, of an activation or of its
+        b: usize,
+        acc: &mut [__m256; N],
+    ) {
+        // SAFETY (every read): inside the group block, block b of an activation or its
         // terms.
         unsafe {
-            for b in 0..nb {
-                let gp = g.add(b * Self::GB);
-                if prefetch {
-                    prefetch_ahead(gp, Self::GB);
+            let lv = L::levels(gp);
+            let dw = _mm256_cvtph_ps(load128(gp));
+            for t in 0..N {
+                let a = acts[t].add(b * Q8_0_AB + 2);
+                let tp = terms[t].add(2 * b);
+                // Two chains, the first starting at -OFFSET * sum(a): exact, and
+                // offset-free once added.
+                let mut d0 = _mm256_set1_epi32(*tp.add(1));
+                let mut d1 = _mm256_setzero_si256();
+                for v in 0..4 {
+                    d0 = dpbusd::<F>(d0, lv[v], bcast4(a.add(4 * v)));
+                    d1 = dpbusd::<F>(d1, lv[v + 4], bcast4(a.add(16 + 4 * v)));
                 }
-                let lv = L::levels(gp);
-                let dw = _mm256_cvtph_ps(load128(gp));
-                for t in 0..N {
-                    let a = acts[t].add(b * Q8_0_AB + 2);
-                    let tp = terms[t].add(2 * b);
-                    // Two chains, the first starting at -OFFSET * sum(a): exact, and
-                    // offset-free once added.
-                    let mut d0 = _mm256_set1_epi32(*tp.add(1));
-                    let mut d1 = _mm256_setzero_si256();
-                    for v in 0..4 {
-                        d0 = dpbusd::<F>(d0, lv[v], bcast4(a.add(4 * v)));
-                        d1 = dpbusd::<F>(d1, lv[v + 4], bcast4(a.add(16 + 4 * v)));
-                    }
-                    let da = _mm256_set1_ps(f32::from_bits(*tp as u32));
-                    let dot = _mm256_cvtepi32_ps(_mm256_add_epi32(d0, d1));
-                    acc[t] = _mm256_fmadd_ps(dot, _mm256_mul_ps(dw, da), acc[t]);
-                }
+                let da = _mm256_set1_ps(f32::from_bits(*tp as u32));
+                let dot = _mm256_cvtepi32_ps(_mm256_add_epi32(d0, d1));
+                acc[t] = _mm256_fmadd_ps(dot, _mm256_mul_ps(dw, da), acc[t]);
             }
         }
-        acc
     }
 }
 
@@ -535,7 +536,7 @@ unsafe fn drive<K: GroupKernel, const F: u8, const T: usize>(
             let mut t = t0;
             while t + T <= t1 {
                 let v = unsafe {
-                    K::tile::<F, T>(
+                    group_tile::<K, F, T>(
                         gp,
                         std::array::from_fn(|k| act(t + k)),
                         std::array::from_fn(|k| term(t + k)),
@@ -549,7 +550,7 @@ unsafe fn drive<K: GroupKernel, const F: u8, const T: usize>(
                 t += T;
             }
             while t < t1 {
-                let v = unsafe { K::tile::<F, 1>(gp, [act(t)], [term(t)], nb, prefetch) };
+                let v = unsafe { group_tile::<K, F, 1>(gp, [act(t)], [term(t)], nb, prefetch) };
                 unsafe { store(v[0], o.add(t * out_stride), first, &rows) };
                 t += 1;
             }
