@@ -244,22 +244,41 @@ impl Linear {
         }
     }
 
+    /// Rows `r` of `w` (this layer's bytes) times `m` quantized inputs, in whichever
+    /// layout the rows are: `out[t * out_stride + i]` for row `r.start + i`.
+    fn rows_times(
+        &self,
+        w: &[u8],
+        r: Range<usize>,
+        acts: &[u8],
+        m: usize,
+        out: &mut [f32],
+        out_stride: usize,
+    ) {
+        let (ty, n) = (self.ty, self.n_in);
+        match (self.is_interleaved(), m) {
+            (true, _) => quant::matmul_packed(ty, n, w, r, acts, m, out, out_stride),
+            (false, 1) => quant::matvec(ty, n, w, r, acts, out),
+            (false, _) => quant::matmul(ty, n, w, r, acts, m, out, out_stride),
+        }
+    }
+
     /// y = W x for one quantized input (decode).
     pub fn matvec(&self, pool: &ThreadPool, act: &[u8], out: &mut [f32]) {
         let out = &mut out[..self.n_out];
         let w = self.bytes();
         let p = SyncPtr(out.as_mut_ptr());
-        let packed = self.is_interleaved();
         // Interleaved ranges must start at a group of rows.
-        let align = if packed { quant::pack::GROUP_ROWS } else { 4 };
+        let align = if self.is_interleaved() {
+            quant::pack::GROUP_ROWS
+        } else {
+            4
+        };
         pool.for_ranges(self.n_out, align, &|r| {
             // SAFETY: for_ranges hands out disjoint ranges within 0..n_out.
             let o = unsafe { std::slice::from_raw_parts_mut(p.get().add(r.start), r.len()) };
-            if packed {
-                quant::matvec_packed(self.ty, self.n_in, w, r, act, o);
-            } else {
-                quant::matvec(self.ty, self.n_in, w, r, act, o);
-            }
+            let len = r.len();
+            self.rows_times(w, r, act, 1, o, len);
         });
         if let Some(b) = &self.bias {
             out.iter_mut().zip(b).for_each(|(o, b)| *o += b);
@@ -283,7 +302,6 @@ impl Linear {
         let w = self.bytes();
         let tile = &mut tile[..m * self.n_out];
         let p = SyncPtr(tile.as_mut_ptr());
-        let packed = self.is_interleaved();
         // Each task owns the contiguous tile region rows.start*m .. rows.end*m (token-major
         // within it), so tasks never share memory; the transpose below is cheap. Ranges
         // start at multiples of 16 rows, so interleaved ones start at a group.
@@ -291,11 +309,8 @@ impl Linear {
             // SAFETY: disjoint ranges map to disjoint tile regions.
             let o =
                 unsafe { std::slice::from_raw_parts_mut(p.get().add(r.start * m), r.len() * m) };
-            if packed {
-                quant::matmul_packed(self.ty, self.n_in, w, r.clone(), acts, m, o, r.len());
-            } else {
-                quant::matmul(self.ty, self.n_in, w, r.clone(), acts, m, o, r.len());
-            }
+            let len = r.len();
+            self.rows_times(w, r, acts, m, o, len);
         });
         // Gather: the region of a task starting at row s holds [t][r - s] with stride len.
         for rs in pool.ranges(self.n_out, 16) {

@@ -249,25 +249,9 @@ pub fn matmul_on(
     let rb = row_bytes(w, n);
     let ab = act_bytes(w, n);
     check_rows(w, weights, rb, &rows);
-    assert!(
-        acts.len() >= m * ab,
-        "matmul: acts has {} bytes for {m} tokens of {ab}",
-        acts.len()
-    );
-    if m == 0 || rows.is_empty() {
+    if !check_matmul_io("matmul", (acts, ab, m), rows.len(), (out.len(), out_stride)) {
         return;
     }
-    assert!(
-        m == 1 || out_stride >= rows.len(),
-        "matmul: out_stride {out_stride} < {} rows",
-        rows.len()
-    );
-    let need = (m - 1) * out_stride + rows.len();
-    assert!(
-        out.len() >= need,
-        "matmul: out has {} slots, needs {need}",
-        out.len()
-    );
     let path = path.filter(|&p| select::runnable(p));
     match (isa(), path) {
         #[cfg(target_arch = "x86_64")]
@@ -362,25 +346,10 @@ pub fn matmul_packed(
         packed.len()
     );
     let ab = act_bytes(w, n);
-    assert!(
-        acts.len() >= m * ab,
-        "matmul_packed: acts has {} bytes for {m} tokens of {ab}",
-        acts.len()
-    );
-    if m == 0 || rows.is_empty() {
+    let io = ((acts, ab, m), rows.len(), (out.len(), out_stride));
+    if !check_matmul_io("matmul_packed", io.0, io.1, io.2) {
         return;
     }
-    assert!(
-        m == 1 || out_stride >= rows.len(),
-        "matmul_packed: out_stride {out_stride} < {} rows",
-        rows.len()
-    );
-    let need = (m - 1) * out_stride + rows.len();
-    assert!(
-        out.len() >= need,
-        "matmul_packed: out has {} slots, needs {need}",
-        out.len()
-    );
     match (isa(), packed_path()) {
         #[cfg(target_arch = "x86_64")]
         // SAFETY: AVX2/FMA/F16C were detected and the path is runnable; every length was
@@ -400,6 +369,31 @@ pub fn matmul_packed(
             }
         }
     }
+}
+
+/// Checks a matmul's activations (`m` of `ab` bytes) and output (`len` slots, rows
+/// `out_stride` apart) for `rows` rows; false when there is nothing to compute.
+fn check_matmul_io(
+    what: &str,
+    (acts, ab, m): (&[u8], usize, usize),
+    rows: usize,
+    (len, out_stride): (usize, usize),
+) -> bool {
+    assert!(
+        acts.len() >= m * ab,
+        "{what}: acts has {} bytes for {m} tokens of {ab}",
+        acts.len()
+    );
+    if m == 0 || rows == 0 {
+        return false;
+    }
+    assert!(
+        m == 1 || out_stride >= rows,
+        "{what}: out_stride {out_stride} < {rows} rows"
+    );
+    let need = (m - 1) * out_stride + rows;
+    assert!(len >= need, "{what}: out has {len} slots, needs {need}");
+    true
 }
 
 fn check_rows(w: GgmlType, weights: &[u8], rb: usize, rows: &Range<usize>) {

@@ -20,7 +20,10 @@ use std::arch::x86_64::*;
 use std::ops::Range;
 
 use super::kquant::{dpbusd_acc, madd_acc, EVEX, Q8_K_AB, Q8_K_BSUMS, Q8_K_QS};
-use super::tile::{f16_to_f32, load128, load256, read_f32, read_u16, PREFETCH_BYTES};
+use super::tile::{
+    f16_to_f32, load128, load256, q8_0_quant_sum, read_f32, read_u16, PREFETCH_BYTES,
+};
+use crate::quant::blocks::Q8_0_BYTES;
 use crate::quant::pack::{
     legacy_offset, GROUP_ROWS, LEGACY_MAX_BLOCKS, OFF_DMIN, OFF_LEVELS, OFF_MINS, OFF_SCALES,
     Q4K_GROUP_BYTES, Q4K_MAX_BLOCKS, Q6K_GROUP_BYTES, Q6K_OFF_HIGH, Q6K_OFF_LOW, Q6K_OFF_SCALES,
@@ -403,12 +406,9 @@ impl Levels8 for Q8_0L {
 /// Interleaved Q4_0/Q5_0/Q8_0.
 struct Legacy<L>(std::marker::PhantomData<L>);
 
-/// Bytes of a Q8_0 activation block.
-const Q8_0_AB: usize = 34;
-
 impl<L: Levels8> GroupKernel for Legacy<L> {
     const GB: usize = GROUP_ROWS * L::WB;
-    const AB: usize = Q8_0_AB;
+    const AB: usize = Q8_0_BYTES;
     const TERMS: usize = 2;
     const MAX_BLOCKS: usize = LEGACY_MAX_BLOCKS;
 
@@ -418,15 +418,7 @@ impl<L: Levels8> GroupKernel for Legacy<L> {
         // SAFETY: a Q8_0 block is d (f16) then 32 quants.
         unsafe {
             out[0] = f16_to_f32(read_u16(ap)).to_bits() as i32;
-            let q = load256(ap.add(2));
-            let s = _mm256_madd_epi16(
-                _mm256_maddubs_epi16(_mm256_set1_epi8(1), q),
-                _mm256_set1_epi16(1),
-            );
-            let s = _mm_add_epi32(_mm256_castsi256_si128(s), _mm256_extracti128_si256::<1>(s));
-            let s = _mm_add_epi32(s, _mm_shuffle_epi32::<0b01_00_11_10>(s));
-            let s = _mm_add_epi32(s, _mm_shuffle_epi32::<0b10_11_00_01>(s));
-            out[1] = -legacy_offset(L::TYPE) * _mm_cvtsi128_si32(s);
+            out[1] = -legacy_offset(L::TYPE) * q8_0_quant_sum(ap);
         }
     }
 
@@ -444,7 +436,7 @@ impl<L: Levels8> GroupKernel for Legacy<L> {
             let lv = L::levels(gp);
             let dw = _mm256_cvtph_ps(load128(gp));
             for t in 0..N {
-                let a = acts[t].add(b * Q8_0_AB + 2);
+                let a = acts[t].add(b * Q8_0_BYTES + 2);
                 let tp = terms[t].add(2 * b);
                 // Two chains, the first starting at -OFFSET * sum(a): exact, and
                 // offset-free once added.

@@ -26,8 +26,9 @@ use std::arch::x86_64::*;
 use std::ops::Range;
 use weft_gguf::GgmlType;
 
+use super::blocks::Q8_0_BYTES;
 use super::select::{self, Fused, Path};
-use tile::{load256, put, scales8, Tile, COLS, PREFETCH_BYTES};
+use tile::{put, q8_0_quant_sum, scales8, Tile, COLS, PREFETCH_BYTES};
 
 pub(super) use act::quantize_act;
 
@@ -123,15 +124,7 @@ unsafe fn convert_scales(p: *const u8, stride: usize, count: usize, out: &mut [f
 unsafe fn block_sums(p: *const u8, count: usize, out: &mut [f32]) {
     for (b, o) in out.iter_mut().enumerate().take(count) {
         // SAFETY: block b < count.
-        let q = unsafe { load256(p.add(b * 34 + 2)) };
-        let s = _mm256_madd_epi16(
-            _mm256_maddubs_epi16(_mm256_set1_epi8(1), q),
-            _mm256_set1_epi16(1),
-        );
-        let s = _mm_add_epi32(_mm256_castsi256_si128(s), _mm256_extracti128_si256::<1>(s));
-        let s = _mm_add_epi32(s, _mm_shuffle_epi32::<0b01_00_11_10>(s));
-        let s = _mm_add_epi32(s, _mm_shuffle_epi32::<0b10_11_00_01>(s));
-        *o = _mm_cvtsi128_si32(s) as f32;
+        *o = unsafe { q8_0_quant_sum(p.add(b * Q8_0_BYTES)) } as f32;
     }
     out[count..].fill(0.0);
 }

@@ -65,6 +65,25 @@ pub(super) unsafe fn scales8(p: *const u8, stride: usize, i: usize, count: usize
     _mm256_cvtph_ps(h)
 }
 
+/// The sum of the 32 quants of the Q8_0 block at `p`.
+///
+/// # Safety
+/// `p` points to a readable Q8_0 block.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn q8_0_quant_sum(p: *const u8) -> i32 {
+    // SAFETY: the quants are the block's bytes 2..34.
+    let q = unsafe { load256(p.add(2)) };
+    let s = _mm256_madd_epi16(
+        _mm256_maddubs_epi16(_mm256_set1_epi8(1), q),
+        _mm256_set1_epi16(1),
+    );
+    let s = _mm_add_epi32(_mm256_castsi256_si128(s), _mm256_extracti128_si256::<1>(s));
+    let s = _mm_add_epi32(s, _mm_shuffle_epi32::<0b01_00_11_10>(s));
+    let s = _mm_add_epi32(s, _mm_shuffle_epi32::<0b10_11_00_01>(s));
+    _mm_cvtsi128_si32(s)
+}
+
 /// Writes a tile result, or adds it for the second and later column chunks.
 #[inline(always)]
 pub(super) fn put(out: &mut [f32], i: usize, v: f32, first: bool) {
