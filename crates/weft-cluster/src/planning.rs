@@ -56,7 +56,7 @@ pub fn model_profile(file: &GgufFile, cfg: &ModelConfig) -> ModelProfile {
         layers,
         embed_bytes: embed,
         head_bytes: head,
-        kv_bytes_per_token: (cfg.kv_dim() * 2 * 4) as u64,
+        kv_bytes_per_token: (cfg.kv_floats_per_token_layer() * 4) as u64,
         experts: cfg.moe.map(|m| (m.n_expert, m.n_expert_used)),
     }
 }

@@ -12,6 +12,7 @@ pub enum Arch {
     Qwen2,
     Qwen3,
     Qwen3Moe,
+    DeepSeek2,
 }
 
 impl Arch {
@@ -23,6 +24,7 @@ impl Arch {
             "qwen2" => Arch::Qwen2,
             "qwen3" => Arch::Qwen3,
             "qwen3moe" => Arch::Qwen3Moe,
+            "deepseek2" => Arch::DeepSeek2,
             _ => return None,
         })
     }
@@ -35,10 +37,11 @@ impl Arch {
             Arch::Qwen2 => "qwen2",
             Arch::Qwen3 => "qwen3",
             Arch::Qwen3Moe => "qwen3moe",
+            Arch::DeepSeek2 => "deepseek2",
         }
     }
 
-    pub const SUPPORTED: &'static str = "gemma3, llama, mistral, qwen2, qwen3, qwen3moe";
+    pub const SUPPORTED: &'static str = "gemma3, llama, mistral, qwen2, qwen3, qwen3moe, deepseek2";
 }
 
 /// Everything the forward pass needs to know about the model's shape.
@@ -73,11 +76,54 @@ pub struct ModelConfig {
     pub tied_output: bool,
     /// Mixture-of-experts shape, for architectures with routed experts.
     pub moe: Option<MoeConfig>,
+    /// Multi-head latent attention (deepseek2): `head_dim` is then the value head size
+    /// (the width each head hands the output projection) and `n_head_kv` is 1.
+    pub mla: Option<MlaConfig>,
+}
+
+/// Multi-head latent attention: each token caches one latent vector and one shared RoPE
+/// key, and decode attends over them with the key and value up-projections absorbed.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct MlaConfig {
+    /// Rank of the query's low-rank projection; 0 where the file has a plain `attn_q`.
+    pub q_lora_rank: usize,
+    /// Width of the cached latent vector.
+    pub kv_lora_rank: usize,
+    /// Per head: the query/key part without RoPE, and the RoPE part (shared by all heads on
+    /// the key side).
+    pub n_nope: usize,
+    pub n_rope: usize,
+    /// Per head: the value width after the up-projection.
+    pub v_head: usize,
+    /// Scale of the query-key products (YaRN's mscale² over sqrt of the full key width).
+    pub kq_scale: f32,
+}
+
+impl MlaConfig {
+    /// Floats one token adds to one layer's cache: the latent and the RoPE key.
+    pub fn cached_width(&self) -> usize {
+        self.kv_lora_rank + self.n_rope
+    }
+
+    /// Query/key width of one head before absorption.
+    pub fn k_head(&self) -> usize {
+        self.n_nope + self.n_rope
+    }
+}
+
+/// How router logits become expert scores.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Gating {
+    Softmax,
+    Sigmoid,
 }
 
 /// Most experts a token may be routed to (no released model routes to more than a few
 /// dozen; the bound keeps the decode path's scratch on the stack).
 pub const MAX_TOP_K: usize = 64;
+/// Most routed experts a layer may have: llama.cpp's limit (LLAMA_MAX_EXPERTS); also
+/// bounds the router's stack scratch.
+pub const MAX_EXPERTS: usize = 512;
 
 /// The routed experts of a mixture-of-experts model (the same in every MoE layer).
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -89,6 +135,14 @@ pub struct MoeConfig {
     pub n_ff_exp: usize,
     /// Whether the top-k router weights are renormalised to sum to 1.
     pub norm_topk: bool,
+    pub gating: Gating,
+    /// Multiplier of the chosen experts' weights (DeepSeek's routed scaling factor).
+    pub weights_scale: f32,
+    /// Group-limited routing: experts in `n_group` equal groups, a token choosing among
+    /// the `n_group_used` groups whose two best scores sum highest (DeepSeek V3).
+    pub groups: Option<(usize, usize)>,
+    /// Shared experts every token runs (their FFN is `n_shared x n_ff_exp` wide).
+    pub n_shared: usize,
 }
 
 impl ModelConfig {
@@ -135,8 +189,11 @@ impl ModelConfig {
                 format!("{n_head} query heads are not a multiple of {n_head_kv} KV heads"),
             ));
         }
+        let mla = mla_config(f, arch_name, n_head)?;
+        // MLA: the generic head width is the value head's (what attn_output reads per head).
+        let head_dim = mla.map_or(head_dim, |m| m.v_head);
         let v_len = f.get_u64_or(&k("attention.value_length"), head_dim as u64)? as usize;
-        if v_len != head_dim {
+        if v_len != head_dim && mla.is_none() {
             return Err(bad(
                 k("attention.value_length"),
                 format!("{v_len} differs from key_length {head_dim}; not supported"),
@@ -156,10 +213,11 @@ impl ModelConfig {
             f.get_f32(&k("attention.layer_norm_rms_epsilon"))?,
         )?;
         let n_rot = f.get_u64_or(&k("rope.dimension_count"), head_dim as u64)? as usize;
-        if n_rot > head_dim || !n_rot.is_multiple_of(2) {
+        let rot_room = mla.map_or(head_dim, |m| m.n_rope);
+        if n_rot > rot_room || !n_rot.is_multiple_of(2) || mla.is_some_and(|m| m.n_rope != n_rot) {
             return Err(bad(
                 k("rope.dimension_count"),
-                format!("{n_rot} must be even and at most the head size {head_dim}"),
+                format!("{n_rot} must be even and at most the head's RoPE part {rot_room}"),
             ));
         }
         let default_base = if arch == Arch::Gemma3 {
@@ -230,7 +288,7 @@ impl ModelConfig {
             n_ctx_train,
             eps,
             rope_style: match arch {
-                Arch::Llama | Arch::Mistral => RopeStyle::Normal,
+                Arch::Llama | Arch::Mistral | Arch::DeepSeek2 => RopeStyle::Normal,
                 Arch::Gemma3 | Arch::Qwen2 | Arch::Qwen3 | Arch::Qwen3Moe => RopeStyle::Neox,
             },
             n_rot,
@@ -240,7 +298,9 @@ impl ModelConfig {
             window,
             embed_scale: if gemma { (n_embd as f32).sqrt() } else { 1.0 },
             // Gemma 3 27B (62 layers) scales queries by n_embd/n_head; the others by head_dim.
-            attn_scale: if gemma && n_layer == 62 {
+            attn_scale: if let Some(m) = mla {
+                m.kq_scale
+            } else if gemma && n_layer == 62 {
                 1.0 / ((n_embd / n_head) as f32).sqrt()
             } else {
                 1.0 / (head_dim as f32).sqrt()
@@ -252,6 +312,7 @@ impl ModelConfig {
             qkv_bias: f.has_tensor("blk.0.attn_q.bias"),
             tied_output: !f.has_tensor("output.weight"),
             moe,
+            mla,
         };
         Ok(cfg)
     }
@@ -262,6 +323,107 @@ impl ModelConfig {
     pub fn kv_dim(&self) -> usize {
         self.n_head_kv * self.head_dim
     }
+
+    /// Floats one token adds to one layer's whole (unsharded) KV cache: MLA's latent and
+    /// RoPE key, else a key and a value per KV head.
+    pub fn kv_floats_per_token_layer(&self) -> usize {
+        self.mla.map_or(2 * self.kv_dim(), |m| m.cached_width())
+    }
+
+    /// Bytes of weft's (f32) KV cache per token over all layers, and what a full-KV
+    /// cache (every head's key and value) of the same model would need.
+    pub fn kv_bytes_per_token(&self) -> (usize, usize) {
+        let layers = self.n_layer * 4;
+        (
+            layers * self.kv_floats_per_token_layer(),
+            layers * self.full_kv_floats_per_token_layer(),
+        )
+    }
+
+    /// What a full-KV cache of this model would hold per token and layer: a key and a
+    /// value for every head (MLA decompressed), for comparison with the latent cache.
+    pub fn full_kv_floats_per_token_layer(&self) -> usize {
+        match self.mla {
+            Some(m) => self.n_head * (m.k_head() + m.v_head),
+            None => 2 * self.kv_dim(),
+        }
+    }
+}
+
+/// deepseek2's latent-attention shape, or `None` for other architectures. Only files in
+/// the absorbed layout (`attn_k_b`/`attn_v_b`, `key_length_mla` set) are read; a legacy
+/// file with one `attn_kv_b` is refused with the reason.
+fn mla_config(
+    f: &GgufFile,
+    arch_name: &str,
+    n_head: usize,
+) -> Result<Option<MlaConfig>, GgufError> {
+    if arch_name != "deepseek2" {
+        return Ok(None);
+    }
+    let k = |s: &str| format!("{arch_name}.{s}");
+    let bad = |key: String, detail: String| f.err(FormatError::BadValue { key, detail });
+    let us = |s: &str| -> Result<usize, GgufError> { Ok(f.get_u64(&k(s))? as usize) };
+    if f.get(&k("attention.key_length_mla")).is_none() {
+        return Err(bad(
+            k("attention.key_length_mla"),
+            "missing: this deepseek2 file has the legacy combined attn_kv_b layout; \
+             convert it again with a current convert_hf_to_gguf.py (attn_k_b and attn_v_b)"
+                .into(),
+        ));
+    }
+    let k_head = us("attention.key_length_mla")?;
+    let v_head = us("attention.value_length_mla")?;
+    let kv_lora_rank = us("attention.kv_lora_rank")?;
+    let q_lora_rank = f.get_u64_or(&k("attention.q_lora_rank"), 0)? as usize;
+    let n_rope = us("rope.dimension_count")?;
+    if kv_lora_rank == 0 || v_head == 0 || n_rope == 0 || k_head <= n_rope || n_head == 0 {
+        return Err(bad(
+            k("attention.*"),
+            format!(
+                "kv_lora_rank {kv_lora_rank}, key_length_mla {k_head}, value_length_mla \
+                 {v_head}, rope.dimension_count {n_rope}: all must be positive and the key \
+                 longer than its RoPE part"
+            ),
+        ));
+    }
+    let key_len = f.get_u64_or(&k("attention.key_length"), (kv_lora_rank + n_rope) as u64)?;
+    if key_len as usize != kv_lora_rank + n_rope {
+        return Err(bad(
+            k("attention.key_length"),
+            format!(
+                "{key_len}: the absorbed MLA key is kv_lora_rank + RoPE = {}",
+                kv_lora_rank + n_rope
+            ),
+        ));
+    }
+    let mscale = yarn_mscale(f, arch_name)?;
+    Ok(Some(MlaConfig {
+        q_lora_rank,
+        kv_lora_rank,
+        n_nope: k_head - n_rope,
+        n_rope,
+        v_head,
+        kq_scale: mscale * mscale / (k_head as f32).sqrt(),
+    }))
+}
+
+/// The attention scale factor YaRN asks of deepseek2 (1 without YaRN): llama.cpp's
+/// `0.1 · log_mul · ln(factor) + 1`, with the file's multiplier stored divided by 0.1.
+fn yarn_mscale(f: &GgufFile, arch_name: &str) -> Result<f32, GgufError> {
+    let k = |s: &str| format!("{arch_name}.{s}");
+    if f.get(&k("rope.scaling.type")).and_then(|v| v.as_str()) != Some("yarn") {
+        return Ok(1.0);
+    }
+    let factor = f.get_f32_or(&k("rope.scaling.factor"), 1.0)?;
+    let log_mul = f.get_f32_or(&k("rope.scaling.yarn_log_multiplier"), 0.0)? / 0.1;
+    if !(factor.is_finite() && factor >= 1.0 && log_mul.is_finite()) {
+        return Err(f.err(FormatError::BadValue {
+            key: k("rope.scaling.*"),
+            detail: format!("YaRN factor {factor} (must be >= 1), log multiplier {log_mul}"),
+        }));
+    }
+    Ok(1.0 + 0.1 * log_mul * factor.ln())
 }
 
 /// `{arch}.expert_count` and friends, checked: `None` when the file declares no experts.
@@ -270,10 +432,10 @@ fn moe_config(f: &GgufFile, arch_name: &str) -> Result<Option<MoeConfig>, GgufEr
     let bad = |key: String, detail: String| f.err(FormatError::BadValue { key, detail });
     let declared = f.get(&k("expert_count")).is_some();
     if !declared {
-        if arch_name == "qwen3moe" {
+        if arch_name == "qwen3moe" || arch_name == "deepseek2" {
             return Err(bad(
                 k("expert_count"),
-                "missing: a qwen3moe model must declare its experts".into(),
+                format!("missing: a {arch_name} model must declare its experts"),
             ));
         }
         return Ok(None);
@@ -285,8 +447,6 @@ fn moe_config(f: &GgufFile, arch_name: &str) -> Result<Option<MoeConfig>, GgufEr
             "0 experts: must be at least 1".into(),
         ));
     }
-    // llama.cpp's limit (LLAMA_MAX_EXPERTS); also bounds the router's scratch.
-    const MAX_EXPERTS: usize = 512;
     if n_expert > MAX_EXPERTS {
         return Err(bad(
             k("expert_count"),
@@ -310,13 +470,66 @@ fn moe_config(f: &GgufFile, arch_name: &str) -> Result<Option<MoeConfig>, GgufEr
             "0: an expert needs a positive FFN size".into(),
         ));
     }
-    // qwen3moe renormalises the top-k weights (llama.cpp passes norm_w = true).
-    let norm_topk = f.get_bool_or(&k("expert_weights_norm"), true)?;
+    // qwen3moe renormalises the top-k weights (llama.cpp passes norm_w = true);
+    // deepseek2 only where the file says so.
+    let deepseek = arch_name == "deepseek2";
+    let norm_topk = f.get_bool_or(&k("expert_weights_norm"), !deepseek)?;
+    // llama.cpp's LLAMA_EXPERT_GATING_FUNC_TYPE: 1 softmax, 2 sigmoid (0: unset).
+    let gating = match f.get_u64_or(&k("expert_gating_func"), 0)? {
+        0 | 1 => Gating::Softmax,
+        2 => Gating::Sigmoid,
+        other => {
+            return Err(bad(
+                k("expert_gating_func"),
+                format!("{other}: weft routes by softmax (1) or sigmoid (2)"),
+            ))
+        }
+    };
+    let weights_scale = match f.get_f32_or(&k("expert_weights_scale"), 0.0)? {
+        0.0 => 1.0,
+        s if s.is_finite() && s > 0.0 => s,
+        s => {
+            return Err(bad(
+                k("expert_weights_scale"),
+                format!("{s} must be a finite number > 0 (0: none)"),
+            ))
+        }
+    };
+    let n_group = f.get_u64_or(&k("expert_group_count"), 0)? as usize;
+    let n_group_used = f.get_u64_or(&k("expert_group_used_count"), 0)? as usize;
+    let groups = if n_group > 1 {
+        if !n_expert.is_multiple_of(n_group) || n_group_used == 0 || n_group_used >= n_group {
+            return Err(bad(
+                k("expert_group_count"),
+                format!(
+                    "{n_group} groups of {n_expert} experts, {n_group_used} used: the groups \
+                     must divide the experts and 0 < used < groups"
+                ),
+            ));
+        }
+        if n_expert_used > n_group_used * (n_expert / n_group) {
+            return Err(bad(
+                k("expert_group_used_count"),
+                format!(
+                    "{n_group_used} groups of {} experts cannot hold {n_expert_used} choices",
+                    n_expert / n_group
+                ),
+            ));
+        }
+        Some((n_group, n_group_used))
+    } else {
+        None
+    };
+    let n_shared = f.get_u64_or(&k("expert_shared_count"), 0)? as usize;
     Ok(Some(MoeConfig {
         n_expert,
         n_expert_used,
         n_ff_exp,
         norm_topk,
+        gating,
+        weights_scale,
+        groups,
+        n_shared,
     }))
 }
 

@@ -1,20 +1,41 @@
 //! The KV cache of one sequence: allocated once, a ring buffer on sliding-window layers.
+//! GQA layers keep keys and values per KV head; MLA layers keep one latent row and one
+//! RoPE key per token, and no values.
 
 /// Keys and values of one layer for this shard's KV heads, slot-major:
-/// slot `s` holds `[kv_head][head_dim]` for the position stored there.
+/// slot `s` holds `[kv_head][head_dim]` for the position stored there (MLA: the latent
+/// then the RoPE key, and `v` is empty).
 pub struct LayerKv {
     /// Slots in the ring: the window plus one micro-batch for sliding layers, else n_ctx.
     pub cap: usize,
     pub k: Vec<f32>,
     pub v: Vec<f32>,
-    /// Floats per slot (local KV heads x head_dim).
+    /// Floats per slot of `k` (local KV heads x head_dim; MLA: latent + RoPE key).
     pub stride: usize,
+    /// Floats per slot of `v`; 0 where values are read from the keys (MLA).
+    pub v_stride: usize,
 }
 
 impl LayerKv {
     pub fn slot(&self, pos: usize) -> usize {
         pos % self.cap
     }
+
+    /// The buffer values are read from and its floats per slot.
+    pub fn values(&self) -> (&[f32], usize) {
+        if self.v_stride == 0 {
+            (&self.k, self.stride)
+        } else {
+            (&self.v, self.v_stride)
+        }
+    }
+}
+
+/// Floats per slot of a layer's cache: keys, and values (0: read from the keys).
+#[derive(Clone, Copy, Debug)]
+pub struct SlotWidths {
+    pub k: usize,
+    pub v: usize,
 }
 
 /// One sequence's cache over this shard's layers.
@@ -28,7 +49,7 @@ pub struct KvCache {
 impl KvCache {
     /// `windows[i]` is layer i's sliding window (None: global). `ubatch` is the largest
     /// number of tokens written in one forward call.
-    pub fn new(windows: &[Option<usize>], stride: usize, n_ctx: usize, ubatch: usize) -> Self {
+    pub fn new(windows: &[Option<usize>], widths: SlotWidths, n_ctx: usize, ubatch: usize) -> Self {
         let layers = windows
             .iter()
             .map(|w| {
@@ -38,9 +59,10 @@ impl KvCache {
                 };
                 LayerKv {
                     cap,
-                    k: vec![0.0; cap * stride],
-                    v: vec![0.0; cap * stride],
-                    stride,
+                    k: vec![0.0; cap * widths.k],
+                    v: vec![0.0; cap * widths.v],
+                    stride: widths.k,
+                    v_stride: widths.v,
                 }
             })
             .collect();
@@ -54,7 +76,7 @@ impl KvCache {
     /// What `new` with these arguments allocates, in bytes, without allocating it.
     pub fn planned_bytes(
         windows: &[Option<usize>],
-        stride: usize,
+        widths: SlotWidths,
         n_ctx: usize,
         ubatch: usize,
     ) -> usize {
@@ -62,7 +84,7 @@ impl KvCache {
             .iter()
             .map(|w| {
                 let cap = w.map_or(n_ctx, |w| (w + ubatch).min(n_ctx));
-                2 * cap * stride * 4
+                cap * (widths.k + widths.v) * 4
             })
             .sum()
     }

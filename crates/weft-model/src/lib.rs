@@ -1,6 +1,7 @@
 //! Model architectures written once against a shard and a collective: config, weights,
 //! forward pass, KV cache, sampler, tokenizer glue, and the single-node engine.
 
+mod attention;
 pub mod batch;
 pub mod batch_stats;
 pub mod batcher;
@@ -13,6 +14,7 @@ pub mod generate;
 pub mod kv;
 pub mod local_batch;
 pub mod memory;
+mod mla;
 pub mod model;
 mod moe;
 pub mod request;

@@ -9,7 +9,7 @@ use crate::config::ModelConfig;
 /// its window plus one micro-batch (`ubatch`), a global layer the whole context.
 pub fn serving_bytes(cfg: &ModelConfig, slots: usize, n_ctx: usize, ubatch: usize) -> u128 {
     let n_ctx = n_ctx.min(cfg.n_ctx_train).max(1) as u128;
-    let per_pos = cfg.kv_dim() as u128 * 2 * 4;
+    let per_pos = cfg.kv_floats_per_token_layer() as u128 * 4;
     let per_slot: u128 = cfg
         .window
         .iter()

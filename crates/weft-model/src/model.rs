@@ -8,11 +8,13 @@ use weft_gguf::GgufFile;
 use weft_kernels::ops::{self, Rope};
 use weft_kernels::{vecops, ThreadPool};
 
+use crate::attention::{attend, HeadView};
 use crate::batch::{self, SeqSpan};
 use crate::collective::Collective;
 use crate::config::ModelConfig;
 use crate::error::ModelError;
-use crate::kv::KvCache;
+use crate::kv::{KvCache, SlotWidths};
+use crate::mla::{MlaAttn, MlaIo, MlaScratch};
 use crate::moe::{MoeFfn, MoeIo, MoeScratch};
 use crate::rows::{for_each_chunk, for_each_row, linear, linears_of_one_input, SendPtr};
 use crate::shard::{Granularity, ShardSpec};
@@ -25,17 +27,38 @@ const HEAD_GROUP: usize = 8;
 
 struct Layer {
     attn_norm: Vec<f32>,
-    wq: Linear,
-    wk: Linear,
-    wv: Linear,
-    q_norm: Option<Vec<f32>>,
-    k_norm: Option<Vec<f32>>,
+    attn: Attn,
+    /// Row-parallel over the heads' values, for both kinds of attention.
     wo: Linear,
     post_attn_norm: Option<Vec<f32>>,
     ffn_norm: Vec<f32>,
     ffn: Ffn,
     post_ffw_norm: Option<Vec<f32>>,
     window: Option<usize>,
+}
+
+/// A layer's attention up to its output projection: grouped-query heads with their own
+/// keys and values, or latent attention (deepseek2).
+enum Attn {
+    Gqa(Box<GqaAttn>),
+    Mla(Box<MlaAttn>),
+}
+
+struct GqaAttn {
+    wq: Linear,
+    wk: Linear,
+    wv: Linear,
+    q_norm: Option<Vec<f32>>,
+    k_norm: Option<Vec<f32>>,
+}
+
+impl Attn {
+    fn linears(&self) -> Box<dyn Iterator<Item = &Linear> + '_> {
+        match self {
+            Attn::Gqa(a) => Box::new([&a.wq, &a.wk, &a.wv].into_iter()),
+            Attn::Mla(a) => Box::new(a.linears()),
+        }
+    }
 }
 
 /// A layer's feed-forward block: dense (gate and up column-parallel, down row-parallel)
@@ -100,6 +123,8 @@ struct Workspace {
     tile: Vec<f32>,
     /// Routing and expert buffers (MoE models only).
     moe: Option<MoeScratch>,
+    /// Latent attention's buffers (MLA models only).
+    mla: Option<MlaScratch>,
     /// Per token row of the step: its position and the index of its sequence's cache.
     row_pos: Vec<usize>,
     row_seq: Vec<usize>,
@@ -199,13 +224,37 @@ impl Model {
                     detail: "Gemma layers need post-attention and post-FFN norms".into(),
                 });
             }
+            let attn = match cfg.mla {
+                Some(mla) => Attn::Mla(Box::new(MlaAttn::load(
+                    f,
+                    il,
+                    &cfg,
+                    mla,
+                    shard.heads.clone(),
+                )?)),
+                None => Attn::Gqa(Box::new(GqaAttn {
+                    wq: Linear::load_rows(f, &n("attn_q.weight"), e, cfg.q_dim(), q_rows.clone())?,
+                    wk: Linear::load_rows(
+                        f,
+                        &n("attn_k.weight"),
+                        e,
+                        cfg.kv_dim(),
+                        kv_rows.clone(),
+                    )?,
+                    wv: Linear::load_rows(
+                        f,
+                        &n("attn_v.weight"),
+                        e,
+                        cfg.kv_dim(),
+                        kv_rows.clone(),
+                    )?,
+                    q_norm: opt_vec("attn_q_norm.weight", hd)?,
+                    k_norm: opt_vec("attn_k_norm.weight", hd)?,
+                })),
+            };
             layers.push(Layer {
                 attn_norm: load_vector(f, &n("attn_norm.weight"), e)?,
-                wq: Linear::load_rows(f, &n("attn_q.weight"), e, cfg.q_dim(), q_rows.clone())?,
-                wk: Linear::load_rows(f, &n("attn_k.weight"), e, cfg.kv_dim(), kv_rows.clone())?,
-                wv: Linear::load_rows(f, &n("attn_v.weight"), e, cfg.kv_dim(), kv_rows.clone())?,
-                q_norm: opt_vec("attn_q_norm.weight", hd)?,
-                k_norm: opt_vec("attn_k_norm.weight", hd)?,
+                attn,
                 wo: Linear::load_cols(
                     f,
                     &n("attn_output.weight"),
@@ -247,16 +296,21 @@ impl Model {
             .iter()
             .map(|l| match &l.ffn {
                 Ffn::Dense(d) => d.gate.n_out,
-                Ffn::Moe(m) => m.n_ff_local,
+                Ffn::Moe(m) => m.n_ff_local.max(m.n_ff_shared_local()),
             })
             .max()
             .unwrap_or(0);
-        let widest_out = e.max(q_local).max(ff_local).max(kv_local);
+        let mla_widest = cfg.mla.map_or(0, |m| {
+            (shard.heads.len() * m.k_head())
+                .max(m.cached_width())
+                .max(m.q_lora_rank)
+        });
+        let widest_out = e.max(q_local).max(ff_local).max(kv_local).max(mla_widest);
         let act_row = layers
             .iter()
             .flat_map(|l| {
-                [&l.wq, &l.wk, &l.wv, &l.wo]
-                    .into_iter()
+                std::iter::once(&l.wo)
+                    .chain(l.attn.linears())
                     .chain(l.ffn.linears())
             })
             .chain(head.iter())
@@ -267,8 +321,11 @@ impl Model {
         let moe = cfg.moe.map(|m| {
             let held = shard.experts.len();
             let groups = shard.expert_groups.len();
-            MoeScratch::new(ubatch, e, m, (held, groups), shard.expert_ffn.len())
+            MoeScratch::new(ubatch, e, m, (held, groups), ff_local)
         });
+        let mla = cfg
+            .mla
+            .map(|m| MlaScratch::new(ubatch, m, shard.heads.len()));
         let ws = Workspace {
             x: vec![0.0; ubatch * e],
             xn: vec![0.0; ubatch * e],
@@ -282,6 +339,7 @@ impl Model {
             acts: vec![0; ubatch.max(HEAD_GROUP).max(2 * top_k) * act_row],
             tile: vec![0.0; ubatch * widest_out],
             moe,
+            mla,
             row_pos: vec![0; ubatch],
             row_seq: vec![0; ubatch],
         };
@@ -340,8 +398,8 @@ impl Model {
             .layers
             .iter()
             .map(|l| {
-                [&l.wq, &l.wk, &l.wv, &l.wo]
-                    .iter()
+                std::iter::once(&l.wo)
+                    .chain(l.attn.linears())
                     .map(|w| w.n_bytes())
                     .sum::<usize>()
                     + ffn(&l.ffn)
@@ -374,23 +432,28 @@ impl Model {
     /// Bytes of one `new_cache(n_ctx)`, before allocating it.
     pub fn cache_bytes(&self, n_ctx: usize) -> usize {
         let windows: Vec<_> = self.layers.iter().map(|l| l.window).collect();
-        KvCache::planned_bytes(
-            &windows,
-            self.kv_heads.len() * self.cfg.head_dim,
-            n_ctx,
-            self.ubatch,
-        )
+        KvCache::planned_bytes(&windows, self.slot_widths(), n_ctx, self.ubatch)
+    }
+
+    /// Floats per cache slot of this shard's layers: its KV heads' keys and values, or
+    /// MLA's latent and RoPE key (whole on every rank) with no values.
+    fn slot_widths(&self) -> SlotWidths {
+        match self.cfg.mla {
+            Some(m) => SlotWidths {
+                k: m.cached_width(),
+                v: 0,
+            },
+            None => {
+                let w = self.kv_heads.len() * self.cfg.head_dim;
+                SlotWidths { k: w, v: w }
+            }
+        }
     }
 
     /// A KV cache for one sequence of up to `n_ctx` tokens.
     pub fn new_cache(&self, n_ctx: usize) -> KvCache {
         let windows: Vec<_> = self.layers.iter().map(|l| l.window).collect();
-        KvCache::new(
-            &windows,
-            self.kv_heads.len() * self.cfg.head_dim,
-            n_ctx,
-            self.ubatch,
-        )
+        KvCache::new(&windows, self.slot_widths(), n_ctx, self.ubatch)
     }
 
     /// The hidden state of the last forward call's tokens (`m x n_embd`): what a pipeline
@@ -561,28 +624,49 @@ impl Model {
 
         // Attention block.
         norm_rows(pool, &ws.x, &mut ws.xn, e, m, &layer.attn_norm, cfg.eps);
+        let rope = if layer.window.is_some() {
+            &self.rope_local
+        } else {
+            &self.rope_global
+        };
+        let gqa = match &layer.attn {
+            Attn::Gqa(a) => a,
+            Attn::Mla(a) => {
+                let s = ws.mla.as_mut().ok_or_else(|| {
+                    ModelError::Invalid("an MLA layer in a model without MLA scratch".into())
+                })?;
+                let io = MlaIo {
+                    xn: &ws.xn,
+                    att: &mut ws.att,
+                    acts: &mut ws.acts,
+                    tile: &mut ws.tile,
+                    s,
+                    row_pos: &ws.row_pos,
+                    row_seq: &ws.row_seq,
+                    caches,
+                    layer: li,
+                };
+                a.forward(pool, io, rope, cfg.eps, m);
+                return self.finish_layer(li, m, coll, pool);
+            }
+        };
         linears_of_one_input(
             pool,
             &ws.xn,
             e,
             m,
             &mut [
-                (&layer.wq, &mut ws.q[..]),
-                (&layer.wk, &mut ws.k[..]),
-                (&layer.wv, &mut ws.v[..]),
+                (&gqa.wq, &mut ws.q[..]),
+                (&gqa.wk, &mut ws.k[..]),
+                (&gqa.wv, &mut ws.v[..]),
             ],
             &mut ws.acts,
             &mut ws.tile,
         );
-        let rope = if layer.window.is_some() {
-            &self.rope_local
-        } else {
-            &self.rope_global
-        };
         let (attn_scale, eps) = (cfg.attn_scale, cfg.eps);
         let row_pos = &ws.row_pos;
         for_each_row(pool, &mut ws.q, ql, ql, m, &|t, qt| {
-            if let Some(w) = &layer.q_norm {
+            if let Some(w) = &gqa.q_norm {
                 qt.chunks_exact_mut(hd)
                     .for_each(|qh| ops::rms_norm_inplace(qh, w, eps));
             }
@@ -590,7 +674,7 @@ impl Model {
             vecops::scale(qt, attn_scale);
         });
         for_each_row(pool, &mut ws.k, kvl, kvl, m, &|t, kt| {
-            if let Some(w) = &layer.k_norm {
+            if let Some(w) = &gqa.k_norm {
                 kt.chunks_exact_mut(hd)
                     .for_each(|kh| ops::rms_norm_inplace(kh, w, eps));
             }
@@ -625,12 +709,28 @@ impl Model {
             attend(
                 &q[t * ql + h * hd..t * ql + (h + 1) * hd],
                 lkv,
-                kvh * hd,
-                hd,
+                HeadView::gqa(kvh * hd, hd),
                 first..pos + 1,
                 out,
             );
         });
+        self.finish_layer(li, m, coll, pool)
+    }
+
+    /// The rest of layer `li` once `ws.att` holds its heads' values: the output
+    /// projection and its all-reduce, then the FFN block and its all-reduce.
+    fn finish_layer(
+        &mut self,
+        li: usize,
+        m: usize,
+        coll: &mut dyn Collective,
+        pool: &ThreadPool,
+    ) -> Result<(), ModelError> {
+        let cfg = &self.cfg;
+        let e = cfg.n_embd;
+        let layer = &self.layers[li];
+        let ws = &mut self.ws;
+        let ql = layer.wo.n_in;
         linear(
             pool,
             &layer.wo,
@@ -882,130 +982,4 @@ fn residual(
             *xv += ov;
         }
     });
-}
-
-/// Causal attention of one query head over cached positions `span`, with an online
-/// softmax over blocks of positions: a block's scores sit on the stack, the output is
-/// rescaled at most once a block, and the block's value rows are summed into it in one
-/// pass (`axpy_rows`), so no score buffer is needed whatever the context length and long
-/// prompts do not pay a read and write of the output per position.
-fn attend(
-    q: &[f32],
-    kv: &crate::kv::LayerKv,
-    off: usize,
-    hd: usize,
-    span: Range<usize>,
-    out: &mut [f32],
-) {
-    const BLOCK: usize = 32;
-    out.iter_mut().for_each(|v| *v = 0.0);
-    let mut max = f32::NEG_INFINITY;
-    let mut sum = 0f32;
-    let mut scores = [0f32; BLOCK];
-    let mut rows: [&[f32]; BLOCK] = [&[]; BLOCK];
-    let mut at = span.start;
-    while at < span.end {
-        let n = BLOCK.min(span.end - at);
-        let mut block_max = f32::NEG_INFINITY;
-        for j in 0..n {
-            let s = kv.slot(at + j) * kv.stride + off;
-            scores[j] = vecops::dot(q, &kv.k[s..s + hd]);
-            block_max = block_max.max(scores[j]);
-            rows[j] = &kv.v[s..s + hd];
-        }
-        if block_max > max {
-            let c = (max - block_max).exp();
-            vecops::scale(out, c);
-            sum *= c;
-            max = block_max;
-        }
-        for p in &mut scores[..n] {
-            *p = (*p - max).exp();
-            sum += *p;
-        }
-        vecops::axpy_rows(&scores[..n], &rows[..n], out);
-        at += n;
-    }
-    if sum > 0.0 {
-        vecops::scale(out, 1.0 / sum);
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::kv::LayerKv;
-
-    /// Two-pass softmax attention in f64: the plain definition `attend` must match.
-    fn reference(q: &[f32], kv: &LayerKv, off: usize, hd: usize, span: Range<usize>) -> Vec<f64> {
-        let row = |buf: &[f32], pos: usize| {
-            let s = kv.slot(pos) * kv.stride + off;
-            buf[s..s + hd]
-                .iter()
-                .map(|&v| v as f64)
-                .collect::<Vec<f64>>()
-        };
-        let scores: Vec<f64> = span
-            .clone()
-            .map(|p| {
-                row(&kv.k, p)
-                    .iter()
-                    .zip(q)
-                    .map(|(k, &q)| k * q as f64)
-                    .sum()
-            })
-            .collect();
-        let max = scores.iter().copied().fold(f64::NEG_INFINITY, f64::max);
-        let w: Vec<f64> = scores.iter().map(|s| (s - max).exp()).collect();
-        let total: f64 = w.iter().sum();
-        let mut out = vec![0f64; hd];
-        for (p, wp) in span.zip(&w) {
-            for (o, v) in out.iter_mut().zip(row(&kv.v, p)) {
-                *o += wp / total * v;
-            }
-        }
-        out
-    }
-
-    #[test]
-    fn blocked_attention_matches_the_two_pass_softmax() {
-        // Two KV heads of 40 values in a ring of 50 slots; spans inside one block, on its
-        // edge, across several, wrapping the ring, with rising scores (a new maximum in
-        // every block, so the output is rescaled) and falling ones.
-        let (hd, heads, cap) = (40, 2, 50);
-        let stride = hd * heads;
-        let val = |i: usize, s: f32| ((i * 7919 % 113) as f32 / 113.0 - 0.5) * s;
-        let mut kv = LayerKv {
-            cap,
-            k: (0..cap * stride).map(|i| val(i, 2.0)).collect(),
-            v: (0..cap * stride).map(|i| val(i + 5, 1.0)).collect(),
-            stride,
-        };
-        let q: Vec<f32> = (0..hd).map(|i| val(i + 11, 1.5)).collect();
-        let mut out = vec![0f32; hd];
-        for span in [0..1, 0..31, 0..32, 0..33, 3..50, 30..95, 0..50] {
-            for off in [0, hd] {
-                attend(&q, &kv, off, hd, span.clone(), &mut out);
-                let want = reference(&q, &kv, off, hd, span.clone());
-                for (g, w) in out.iter().zip(&want) {
-                    assert!(
-                        (*g as f64 - w).abs() < 1e-5,
-                        "{span:?} off {off}: {g} vs {w}"
-                    );
-                }
-            }
-        }
-        // Scores rising along the span: each key a larger multiple of the query.
-        for p in 0..cap {
-            let s = kv.slot(p) * stride;
-            for (k, qi) in kv.k[s..s + hd].iter_mut().zip(&q) {
-                *k = qi * (p as f32 * 0.05);
-            }
-        }
-        attend(&q, &kv, 0, hd, 0..cap, &mut out);
-        let want = reference(&q, &kv, 0, hd, 0..cap);
-        for (g, w) in out.iter().zip(&want) {
-            assert!((*g as f64 - w).abs() < 1e-5, "rising: {g} vs {w}");
-        }
-    }
 }

@@ -10,13 +10,15 @@ use std::sync::Arc;
 use weft_gguf::GgufFile;
 use weft_kernels::{ops, quant, ThreadPool};
 
-use crate::config::{ModelConfig, MoeConfig, MAX_TOP_K};
+use crate::config::{Gating, ModelConfig, MoeConfig, MAX_EXPERTS, MAX_TOP_K};
 use crate::error::ModelError;
 use crate::rows::{for_each_chunk, for_each_row, linear, linears_of_one_input, SendPtr};
 use crate::shard::ShardSpec;
-use crate::weights::{load_matrix_f32, Linear};
+use crate::weights::{load_matrix_f32, load_vector, Linear};
 
-/// Softmax top-k routing with renormalised weights. Pure: no pool, no allocation.
+/// Top-k routing: softmax or sigmoid scores, an optional selection bias (DeepSeek V3's
+/// score correction), optional group-limited choice, renormalised and scaled weights.
+/// Pure: no pool, no allocation; llama.cpp's `build_moe_ffn` in one function.
 pub(crate) struct Router {
     /// `n_expert` rows of `n_embd` f32 weights.
     w: Vec<f32>,
@@ -24,16 +26,25 @@ pub(crate) struct Router {
     pub n_expert: usize,
     pub top_k: usize,
     pub norm: bool,
+    gating: Gating,
+    /// Added to the scores for choosing only; the weights come from the plain scores.
+    bias: Option<Vec<f32>>,
+    groups: Option<(usize, usize)>,
+    scale: f32,
 }
 
 impl Router {
-    pub fn new(w: Vec<f32>, n_embd: usize, moe: MoeConfig) -> Self {
+    pub fn new(w: Vec<f32>, n_embd: usize, moe: MoeConfig, bias: Option<Vec<f32>>) -> Self {
         Router {
             w,
             n_embd,
             n_expert: moe.n_expert,
             top_k: moe.n_expert_used,
             norm: moe.norm_topk,
+            gating: moe.gating,
+            bias,
+            groups: moe.groups,
+            scale: moe.weights_scale,
         }
     }
 
@@ -48,46 +59,117 @@ impl Router {
         }
     }
 
-    /// The `top_k` experts of `logits` and their weights (softmax over all experts, then
-    /// renormalised over the chosen when `norm`), best first; ties go to the lower id.
+    /// The `top_k` experts of `logits` and their weights, best first; ties go to the
+    /// lower id, NaN ranks below every number. Scores are the softmax over all experts or
+    /// each logit's sigmoid; the choice ranks score + bias, within the best groups when
+    /// routing is group-limited (a group ranked by the sum of its two best); the weights
+    /// are the chosen plain scores, renormalised when `norm`, then scaled.
     pub fn select(&self, logits: &[f32], ids: &mut [u32], weights: &mut [f32]) {
-        let logits = &logits[..self.n_expert];
-        let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-        let mut total = 0f32;
-        for &l in logits {
-            total += (l - max).exp();
+        let n = self.n_expert;
+        let logits = &logits[..n];
+        let mut probs = [0f32; MAX_EXPERTS];
+        let mut keys = [0f32; MAX_EXPERTS];
+        let (probs, keys) = (&mut probs[..n], &mut keys[..n]);
+        match self.gating {
+            Gating::Softmax => {
+                let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+                let mut total = 0f32;
+                for &l in logits {
+                    total += (l - max).exp();
+                }
+                for (p, &l) in probs.iter_mut().zip(logits) {
+                    *p = (l - max).exp() / total;
+                }
+            }
+            Gating::Sigmoid => {
+                for (p, &l) in probs.iter_mut().zip(logits) {
+                    *p = 1.0 / (1.0 + (-l).exp());
+                }
+            }
+        }
+        // The softmax is monotone: ranking the logits ranks it without rounding ties,
+        // unless groups are ranked by sums of scores (sums of logits rank otherwise).
+        let by_logits =
+            self.bias.is_none() && self.gating == Gating::Softmax && self.groups.is_none();
+        for x in 0..n {
+            let key = match &self.bias {
+                Some(b) => probs[x] + b[x],
+                None if by_logits => logits[x],
+                None => probs[x],
+            };
+            keys[x] = if key.is_nan() { f32::NEG_INFINITY } else { key };
+        }
+        if let Some((n_group, n_used)) = self.groups {
+            keep_best_groups(keys, n_group, n_used);
         }
         let k = self.top_k;
         // Insertion into a sorted top-k (one pass; `weights` holds the keys meanwhile).
-        // Only a strictly greater key moves up, so ties keep the lower expert id first;
-        // NaN ranks below every number.
-        let mut n = 0;
-        for (e, &l) in logits.iter().enumerate() {
-            let key = if l.is_nan() { f32::NEG_INFINITY } else { l };
-            if n == k {
+        // Only a strictly greater key moves up, so ties keep the lower expert id first.
+        let mut filled = 0;
+        for (x, &key) in keys.iter().enumerate() {
+            if filled == k {
                 if key <= weights[k - 1] {
                     continue;
                 }
-                n -= 1;
+                filled -= 1;
             }
-            let mut i = n;
+            let mut i = filled;
             while i > 0 && key > weights[i - 1] {
                 weights[i] = weights[i - 1];
                 ids[i] = ids[i - 1];
                 i -= 1;
             }
             weights[i] = key;
-            ids[i] = e as u32;
-            n += 1;
+            ids[i] = x as u32;
+            filled += 1;
         }
         for j in 0..k {
-            weights[j] = (logits[ids[j] as usize] - max).exp() / total;
+            weights[j] = probs[ids[j] as usize];
         }
         if self.norm {
-            let sum: f32 = weights[..k].iter().sum();
-            if sum > 0.0 {
-                weights[..k].iter_mut().for_each(|w| *w /= sum);
+            // llama.cpp clamps the sum at F16's smallest normal so it never divides by 0.
+            let sum = weights[..k].iter().sum::<f32>().max(6.103_515_6e-5);
+            weights[..k].iter_mut().for_each(|w| *w /= sum);
+        }
+        if self.scale != 1.0 {
+            weights[..k].iter_mut().for_each(|w| *w *= self.scale);
+        }
+    }
+}
+
+/// Group-limited routing: ranks the `n_group` equal groups of `keys` by the sum of each
+/// one's two best keys (its one key where a group has one) and sets every key outside
+/// the best `n_used` groups to -inf. Ties go to the lower group.
+fn keep_best_groups(keys: &mut [f32], n_group: usize, n_used: usize) {
+    let per = keys.len() / n_group;
+    let mut score = [0f32; MAX_EXPERTS];
+    for (g, s) in score[..n_group].iter_mut().enumerate() {
+        let (mut a, mut b) = (f32::NEG_INFINITY, f32::NEG_INFINITY);
+        for &k in &keys[g * per..(g + 1) * per] {
+            if k > a {
+                b = a;
+                a = k;
+            } else if k > b {
+                b = k;
             }
+        }
+        *s = if per == 1 { a } else { a + b };
+    }
+    let mut keep = [false; MAX_EXPERTS];
+    for _ in 0..n_used {
+        let best = (0..n_group)
+            .filter(|&g| !keep[g])
+            .fold(None, |b: Option<usize>, g| match b {
+                Some(b) if score[b] >= score[g] || score[g].is_nan() => Some(b),
+                _ => Some(g),
+            });
+        if let Some(g) = best {
+            keep[g] = true;
+        }
+    }
+    for g in 0..n_group {
+        if !keep[g] {
+            keys[g * per..(g + 1) * per].fill(f32::NEG_INFINITY);
         }
     }
 }
@@ -137,6 +219,9 @@ pub(crate) struct MoeFfn {
     shared: bool,
     /// Columns of each held expert's FFN.
     pub n_ff_local: usize,
+    /// This rank's columns of the shared experts (deepseek2), which every token runs;
+    /// `None` where the model has none or this rank's slice is empty.
+    shared_expert: Option<Expert>,
     gelu: bool,
 }
 
@@ -152,11 +237,17 @@ impl MoeFfn {
         let n = |s: &str| format!("blk.{il}.{s}");
         let e = cfg.n_embd;
         let (ne, ff) = (moe.n_expert, moe.n_ff_exp);
+        let bias = match f.has_tensor(&n("exp_probs_b.bias")) {
+            true => Some(load_vector(f, &n("exp_probs_b.bias"), ne)?),
+            false => None,
+        };
         let router = Router::new(
             load_matrix_f32(f, &n("ffn_gate_inp.weight"), e, ne)?,
             e,
             moe,
+            bias,
         );
+        let shared_expert = load_shared_expert(f, il, cfg, moe, shard)?;
         let cols = shard.expert_ffn.clone();
         let experts = shard
             .experts
@@ -204,17 +295,30 @@ impl MoeFfn {
             holders,
             shared,
             n_ff_local: cols.len(),
+            shared_expert,
             gelu: cfg.gelu,
         })
     }
 
     pub fn linears(&self) -> impl Iterator<Item = &Linear> {
-        self.experts.iter().flat_map(|x| [&x.gate, &x.up, &x.down])
+        self.experts
+            .iter()
+            .chain(self.shared_expert.iter())
+            .flat_map(|x| [&x.gate, &x.up, &x.down])
     }
 
-    /// Bytes of every held expert plus the router.
+    /// Columns of the shared experts this rank computes (0 without them).
+    pub fn n_ff_shared_local(&self) -> usize {
+        self.shared_expert.as_ref().map_or(0, |x| x.gate.n_out)
+    }
+
+    fn shared_bytes(&self) -> usize {
+        self.shared_expert.as_ref().map_or(0, Expert::n_bytes)
+    }
+
+    /// Bytes of every held expert plus the router and the shared experts' slice.
     pub fn total_bytes(&self) -> usize {
-        self.router_bytes() + self.expert_bytes()
+        self.router_bytes() + self.expert_bytes() + self.shared_bytes()
     }
 
     /// Bytes of the held experts' weights.
@@ -233,14 +337,58 @@ impl MoeFfn {
         (per_expert * share * self.router.top_k as f64 / self.router.n_expert as f64) as usize
     }
 
-    /// Expected bytes read per decoded token: the router and the expected experts.
+    /// Expected bytes read per decoded token: the router, the expected experts and the
+    /// shared experts' slice.
     pub fn active_bytes(&self) -> usize {
-        self.router_bytes() + self.expected_expert_bytes()
+        self.router_bytes() + self.expected_expert_bytes() + self.shared_bytes()
     }
 
     fn router_bytes(&self) -> usize {
         self.router.w.len() * 4
     }
+}
+
+/// Layer `il`'s shared experts (`ffn_*_shexp`, `n_shared x n_ff_exp` columns), this
+/// rank's slice: the stage splits them like a dense FFN, each rank taking the share of
+/// the columns its dense FFN range has of `n_ff`, cut on ffn_down_shexp's blocks, so the
+/// slices of a stage's ranks tile the columns exactly once. `None` without shared experts
+/// or where this rank's slice is empty.
+fn load_shared_expert(
+    f: &Arc<GgufFile>,
+    il: usize,
+    cfg: &ModelConfig,
+    moe: MoeConfig,
+    shard: &ShardSpec,
+) -> Result<Option<Expert>, ModelError> {
+    let n = |s: &str| format!("blk.{il}.{s}");
+    if moe.n_shared == 0 {
+        return Ok(None);
+    }
+    let (e, width) = (cfg.n_embd, moe.n_shared * moe.n_ff_exp);
+    let block = f.tensor(&n("ffn_down_shexp.weight"))?.ty.block_size();
+    let edge = |col: usize| {
+        if col >= cfg.n_ff {
+            width
+        } else {
+            col * width / cfg.n_ff / block * block
+        }
+    };
+    let cols = edge(shard.ffn.start)..edge(shard.ffn.end);
+    if cols.is_empty() {
+        return Ok(None);
+    }
+    Ok(Some(Expert {
+        gate: Linear::load_rows(f, &n("ffn_gate_shexp.weight"), e, width, cols.clone())?,
+        up: Linear::load_rows(f, &n("ffn_up_shexp.weight"), e, width, cols.clone())?,
+        down: Linear::load_cols(
+            f,
+            &n("ffn_down_shexp.weight"),
+            width,
+            e,
+            cols,
+            shard.tp_rank == 0,
+        )?,
+    }))
 }
 
 /// Scratch for routing and expert outputs, sized at load for a whole micro-batch.
@@ -267,7 +415,8 @@ pub(crate) struct MoeScratch {
 
 impl MoeScratch {
     /// Room for `ubatch` rows through layers shaped like `moe` (and `held` experts of
-    /// `n_ff_local` columns each, in a stage of `groups` expert groups).
+    /// `n_ff_local` columns each, in a stage of `groups` expert groups; `n_ff_local` also
+    /// covers this rank's slice of the shared experts).
     pub fn new(
         ubatch: usize,
         n_embd: usize,
@@ -338,8 +487,45 @@ impl MoeFfn {
         o[..m * e].fill(0.0);
         if m == 1 {
             self.decode(pool, &xn[..e], &mut o[..e], acts, s);
-            return;
+        } else {
+            self.prefill(pool, xn, o, acts, tile, s, e, m);
         }
+        if let Some(x) = &self.shared_expert {
+            let ff = x.gate.n_out;
+            linears_of_one_input(
+                pool,
+                xn,
+                e,
+                m,
+                &mut [(&x.gate, &mut s.g[..]), (&x.up, &mut s.u[..])],
+                acts,
+                tile,
+            );
+            let (up, gelu) = (&s.u, self.gelu);
+            for_each_chunk(pool, &mut s.g[..m * ff], 64, &|r, g| {
+                ops::gated_activation(g, &up[r], gelu)
+            });
+            linear(pool, &x.down, &s.g, ff, m, &mut s.eo, e, acts, tile);
+            for_each_chunk(pool, &mut o[..m * e], 64, &|r, d| {
+                d.iter_mut().zip(&s.eo[r]).for_each(|(d, v)| *d += v)
+            });
+        }
+    }
+
+    /// Several rows: each held expert runs once on the rows routed to it, gathered.
+    #[allow(clippy::too_many_arguments)]
+    fn prefill(
+        &self,
+        pool: &ThreadPool,
+        xn: &[f32],
+        o: &mut [f32],
+        acts: &mut [u8],
+        tile: &mut [f32],
+        s: &mut MoeScratch,
+        e: usize,
+        m: usize,
+    ) {
+        debug_assert!(m > 1);
         for j in 0..self.experts.len() {
             let (a, b) = (s.starts[j], s.starts[j + 1]);
             if a == b {
@@ -588,17 +774,107 @@ fn for_segments(r: std::ops::Range<usize>, len: usize, mut f: impl FnMut(usize, 
 mod tests {
     use super::*;
 
+    fn config(n_expert: usize, top_k: usize, norm: bool) -> MoeConfig {
+        MoeConfig {
+            n_expert,
+            n_expert_used: top_k,
+            n_ff_exp: 4,
+            norm_topk: norm,
+            gating: Gating::Softmax,
+            weights_scale: 1.0,
+            groups: None,
+            n_shared: 0,
+        }
+    }
+
     fn router(n_expert: usize, top_k: usize, norm: bool) -> Router {
         Router::new(
             vec![0.0; n_expert * 8],
             8,
-            MoeConfig {
-                n_expert,
-                n_expert_used: top_k,
-                n_ff_exp: 4,
-                norm_topk: norm,
-            },
+            config(n_expert, top_k, norm),
+            None,
         )
+    }
+
+    fn sigmoid(x: f32) -> f32 {
+        1.0 / (1.0 + (-x).exp())
+    }
+
+    #[test]
+    fn sigmoid_scores_with_a_selection_bias_weigh_by_the_plain_scores() {
+        let cfg = MoeConfig {
+            gating: Gating::Sigmoid,
+            weights_scale: 2.5,
+            ..config(4, 2, true)
+        };
+        // The bias lifts expert 0 (score 0.5) over experts 1 and 2 for the choice only.
+        let r = Router::new(vec![0.0; 32], 8, cfg, Some(vec![0.5, 0.0, 0.0, 0.0]));
+        let logits = [0.0f32, 2.0, 1.0, -1.0];
+        let (mut ids, mut w) = ([0u32; 2], [0f32; 2]);
+        r.select(&logits, &mut ids, &mut w);
+        assert_eq!(ids, [0, 1]);
+        let (p0, p1) = (sigmoid(0.0), sigmoid(2.0));
+        assert!((w[0] - 2.5 * p0 / (p1 + p0)).abs() < 1e-6, "{w:?}");
+        assert!((w[1] - 2.5 * p1 / (p1 + p0)).abs() < 1e-6, "{w:?}");
+        // Without renormalisation the weights are the sigmoids, scaled.
+        let r = Router::new(
+            vec![0.0; 32],
+            8,
+            MoeConfig {
+                norm_topk: false,
+                ..cfg
+            },
+            Some(vec![0.5, 0.0, 0.0, 0.0]),
+        );
+        r.select(&logits, &mut ids, &mut w);
+        assert!((w[0] - 2.5 * p0).abs() < 1e-6 && (w[1] - 2.5 * p1).abs() < 1e-6);
+    }
+
+    #[test]
+    fn group_limited_routing_chooses_inside_the_best_groups() {
+        // Eight experts in four groups of two; the best two groups by their two-best sum
+        // are group 1 (0.9 + 0.1 = 1.0) and group 3 (0.5 + 0.48): group 0 holds the best
+        // single expert (0.95) but sums lower (0.95 + 0.0).
+        let cfg = MoeConfig {
+            gating: Gating::Sigmoid,
+            groups: Some((4, 2)),
+            ..config(8, 3, false)
+        };
+        let r = Router::new(vec![0.0; 64], 8, cfg, None);
+        let p = [0.95f32, 0.0, 0.9, 0.1, 0.3, 0.3, 0.5, 0.48];
+        let logits: Vec<f32> = p.iter().map(|&p| (p / (1.0 - p)).ln()).collect();
+        let (mut ids, mut w) = ([0u32; 3], [0f32; 3]);
+        r.select(&logits, &mut ids, &mut w);
+        assert_eq!(ids, [2, 6, 7]);
+        // Without groups the best expert overall is chosen.
+        let r = Router::new(
+            vec![0.0; 64],
+            8,
+            MoeConfig {
+                groups: None,
+                ..cfg
+            },
+            None,
+        );
+        r.select(&logits, &mut ids, &mut w);
+        assert_eq!(ids, [0, 2, 6]);
+        // Softmax scores: groups rank by the sum of probabilities, not of logits (group
+        // 0's logits sum to -7 against group 1's 4, but its probabilities sum higher).
+        let cfg = MoeConfig {
+            groups: Some((2, 1)),
+            ..config(4, 1, false)
+        };
+        let r = Router::new(vec![0.0; 32], 8, cfg, None);
+        let (mut ids, mut w) = ([0u32; 1], [0f32; 1]);
+        r.select(&[3.0, -10.0, 2.0, 2.0], &mut ids, &mut w);
+        assert_eq!(ids, [0]);
+        let mut keys = [1.0f32, 1.0, 1.0, 1.0];
+        keep_best_groups(&mut keys, 4, 2);
+        assert_eq!(
+            keys,
+            [1.0, 1.0, f32::NEG_INFINITY, f32::NEG_INFINITY],
+            "ties: lower group"
+        );
     }
 
     #[test]

@@ -27,8 +27,11 @@ pub struct SyntheticSpec {
     pub nan_tokens: Vec<u32>,
     /// Names of F32 vectors (norm weights, biases) written as all NaN.
     pub nan_tensors: Vec<String>,
-    /// Routed experts (qwen3moe): every layer's FFN is a router and these experts.
+    /// Routed experts (qwen3moe, deepseek2): every layer's FFN (deepseek2: after the
+    /// leading dense ones) is a router and these experts.
     pub moe: Option<SyntheticMoe>,
+    /// Latent attention (deepseek2).
+    pub mla: Option<SyntheticMla>,
     /// Multiplier of the output head's weights: larger gives more peaked logits, so
     /// greedy paths of two engines rarely part at a near-tie.
     pub head_scale: f32,
@@ -40,6 +43,45 @@ pub struct SyntheticMoe {
     pub n_expert: usize,
     pub n_expert_used: usize,
     pub n_ff_exp: usize,
+    /// deepseek2's extras (ignored for qwen3moe): shared experts, dense layers first,
+    /// sigmoid gating with a selection bias (else softmax), group-limited routing
+    /// (groups, groups used; 0: off), the routed weights' scale (0: none) and whether
+    /// they are renormalised.
+    pub n_shared: usize,
+    pub leading_dense: usize,
+    pub sigmoid: bool,
+    pub groups: (usize, usize),
+    pub weights_scale: f32,
+    pub norm: bool,
+}
+
+impl SyntheticMoe {
+    /// `n_expert` routed experts of `n_ff_exp` columns, `n_expert_used` a token; with
+    /// deepseek2, one shared expert, one dense layer first and sigmoid gating.
+    pub fn routed(n_expert: usize, n_expert_used: usize, n_ff_exp: usize) -> Self {
+        SyntheticMoe {
+            n_expert,
+            n_expert_used,
+            n_ff_exp,
+            n_shared: 1,
+            leading_dense: 1,
+            sigmoid: true,
+            groups: (0, 0),
+            weights_scale: 0.0,
+            norm: true,
+        }
+    }
+}
+
+/// deepseek2's latent attention shape.
+#[derive(Clone, Copy, Debug)]
+pub struct SyntheticMla {
+    /// 0: a plain `attn_q`.
+    pub q_lora_rank: usize,
+    pub kv_lora_rank: usize,
+    pub n_nope: usize,
+    pub n_rope: usize,
+    pub v_head: usize,
 }
 
 impl SyntheticSpec {
@@ -59,10 +101,17 @@ impl SyntheticSpec {
             seed: 42,
             nan_tokens: Vec::new(),
             nan_tensors: Vec::new(),
-            moe: (arch == Arch::Qwen3Moe).then_some(SyntheticMoe {
-                n_expert: 8,
-                n_expert_used: 2,
-                n_ff_exp: if k { 512 } else { 128 },
+            moe: matches!(arch, Arch::Qwen3Moe | Arch::DeepSeek2).then_some(SyntheticMoe::routed(
+                8,
+                2,
+                if k { 512 } else { 128 },
+            )),
+            mla: (arch == Arch::DeepSeek2).then_some(SyntheticMla {
+                q_lora_rank: if k { 256 } else { 128 },
+                kv_lora_rank: if k { 256 } else { 128 },
+                n_nope: if k { 256 } else { 64 },
+                n_rope: 32,
+                v_head: 64,
             }),
             head_scale: 1.0,
         }
@@ -111,6 +160,45 @@ pub fn synthetic_model(spec: &SyntheticSpec) -> GgufWriter {
         // Short window so tests cross it; layer 2 of 3 is global with pattern 3.
         w.set_u32(&format!("{a}.attention.sliding_window"), 8)
             .set_u32(&format!("{a}.attention.sliding_window_pattern"), 3);
+    }
+    if let Some(m) = spec.mla {
+        w.set_u32(&format!("{a}.attention.head_count_kv"), 1)
+            .set_u32(&format!("{a}.attention.q_lora_rank"), m.q_lora_rank as u32)
+            .set_u32(
+                &format!("{a}.attention.kv_lora_rank"),
+                m.kv_lora_rank as u32,
+            )
+            .set_u32(
+                &format!("{a}.attention.key_length"),
+                (m.kv_lora_rank + m.n_rope) as u32,
+            )
+            .set_u32(
+                &format!("{a}.attention.value_length"),
+                m.kv_lora_rank as u32,
+            )
+            .set_u32(
+                &format!("{a}.attention.key_length_mla"),
+                (m.n_nope + m.n_rope) as u32,
+            )
+            .set_u32(&format!("{a}.attention.value_length_mla"), m.v_head as u32)
+            .set_u32(&format!("{a}.rope.dimension_count"), m.n_rope as u32);
+    }
+    if let (Some(m), Arch::DeepSeek2) = (spec.moe, spec.arch) {
+        w.set_u32(
+            &format!("{a}.leading_dense_block_count"),
+            m.leading_dense as u32,
+        )
+        .set_u32(&format!("{a}.expert_shared_count"), m.n_shared as u32)
+        .set_bool(&format!("{a}.expert_weights_norm"), m.norm)
+        .set_f32(&format!("{a}.expert_weights_scale"), m.weights_scale)
+        .set_u32(
+            &format!("{a}.expert_gating_func"),
+            if m.sigmoid { 2 } else { 1 },
+        );
+        if m.groups.0 > 1 {
+            w.set_u32(&format!("{a}.expert_group_count"), m.groups.0 as u32)
+                .set_u32(&format!("{a}.expert_group_used_count"), m.groups.1 as u32);
+        }
     }
     if let Some(m) = spec.moe {
         w.set_u32(&format!("{a}.expert_count"), m.n_expert as u32)
@@ -185,21 +273,43 @@ pub fn synthetic_model(spec: &SyntheticSpec) -> GgufWriter {
     for il in 0..spec.n_layer {
         let n = |s: &str| format!("blk.{il}.{s}");
         vector(&mut w, &n("attn_norm.weight"), e, &mut rng, 1.0);
-        weight(&mut w, &n("attn_q.weight"), e, spec.n_head * hd, &mut rng);
-        weight(
-            &mut w,
-            &n("attn_k.weight"),
-            e,
-            spec.n_head_kv * hd,
-            &mut rng,
-        );
-        weight(
-            &mut w,
-            &n("attn_v.weight"),
-            e,
-            spec.n_head_kv * hd,
-            &mut rng,
-        );
+        if let Some(m) = spec.mla {
+            let (nh, kh, kvr) = (spec.n_head, m.n_nope + m.n_rope, m.kv_lora_rank);
+            if m.q_lora_rank == 0 {
+                weight(&mut w, &n("attn_q.weight"), e, nh * kh, &mut rng);
+            } else {
+                let r = m.q_lora_rank;
+                weight(&mut w, &n("attn_q_a.weight"), e, r, &mut rng);
+                vector(&mut w, &n("attn_q_a_norm.weight"), r, &mut rng, 1.0);
+                weight(&mut w, &n("attn_q_b.weight"), r, nh * kh, &mut rng);
+            }
+            weight(
+                &mut w,
+                &n("attn_kv_a_mqa.weight"),
+                e,
+                kvr + m.n_rope,
+                &mut rng,
+            );
+            vector(&mut w, &n("attn_kv_a_norm.weight"), kvr, &mut rng, 1.0);
+            experts(&mut w, &n("attn_k_b.weight"), [m.n_nope, kvr, nh], &mut rng);
+            experts(&mut w, &n("attn_v_b.weight"), [kvr, m.v_head, nh], &mut rng);
+        } else {
+            weight(&mut w, &n("attn_q.weight"), e, spec.n_head * hd, &mut rng);
+            weight(
+                &mut w,
+                &n("attn_k.weight"),
+                e,
+                spec.n_head_kv * hd,
+                &mut rng,
+            );
+            weight(
+                &mut w,
+                &n("attn_v.weight"),
+                e,
+                spec.n_head_kv * hd,
+                &mut rng,
+            );
+        }
         if spec.arch == Arch::Qwen2 {
             vector(&mut w, &n("attn_q.bias"), spec.n_head * hd, &mut rng, 0.0);
             vector(
@@ -221,15 +331,12 @@ pub fn synthetic_model(spec: &SyntheticSpec) -> GgufWriter {
             vector(&mut w, &n("attn_q_norm.weight"), hd, &mut rng, 1.0);
             vector(&mut w, &n("attn_k_norm.weight"), hd, &mut rng, 1.0);
         }
-        weight(
-            &mut w,
-            &n("attn_output.weight"),
-            spec.n_head * hd,
-            e,
-            &mut rng,
-        );
+        let v_width = spec.n_head * spec.mla.map_or(hd, |m| m.v_head);
+        weight(&mut w, &n("attn_output.weight"), v_width, e, &mut rng);
         vector(&mut w, &n("ffn_norm.weight"), e, &mut rng, 1.0);
-        if let Some(m) = spec.moe {
+        let dense_first =
+            spec.arch == Arch::DeepSeek2 && spec.moe.is_some_and(|m| il < m.leading_dense);
+        if let (Some(m), false) = (spec.moe, dense_first) {
             // The router stays F32, as llama-quantize leaves it.
             let vals = values("ffn_gate_inp.weight", e, e * m.n_expert, &mut rng);
             w.add_tensor(
@@ -242,6 +349,17 @@ pub fn synthetic_model(spec: &SyntheticSpec) -> GgufWriter {
             experts(&mut w, &n("ffn_gate_exps.weight"), [e, fe, ne], &mut rng);
             experts(&mut w, &n("ffn_up_exps.weight"), [e, fe, ne], &mut rng);
             experts(&mut w, &n("ffn_down_exps.weight"), [fe, e, ne], &mut rng);
+            if spec.arch == Arch::DeepSeek2 {
+                if m.sigmoid {
+                    vector(&mut w, &n("exp_probs_b.bias"), ne, &mut rng, 0.0);
+                }
+                let sh = fe * m.n_shared;
+                if sh > 0 {
+                    weight(&mut w, &n("ffn_gate_shexp.weight"), e, sh, &mut rng);
+                    weight(&mut w, &n("ffn_up_shexp.weight"), e, sh, &mut rng);
+                    weight(&mut w, &n("ffn_down_shexp.weight"), sh, e, &mut rng);
+                }
+            }
         } else {
             weight(&mut w, &n("ffn_gate.weight"), e, ff, &mut rng);
             weight(&mut w, &n("ffn_up.weight"), e, ff, &mut rng);

@@ -80,6 +80,7 @@ pub fn run(a: BenchArgs) -> Result<()> {
     let roofline = bandwidth.map(|bw| bw / bytes_per_token as f64);
     let file_bytes = std::fs::metadata(&path).map(|m| m.len()).unwrap_or(0);
     let kv_bytes = engine.kv.bytes();
+    let kv_per_token = engine.model.cfg.kv_bytes_per_token();
     if a.json {
         outln!(
             "{}",
@@ -97,6 +98,8 @@ pub fn run(a: BenchArgs) -> Result<()> {
                 "peak_rss_bytes": rss,
                 "file_bytes": file_bytes,
                 "kv_bytes": kv_bytes,
+                "kv_bytes_per_token": kv_per_token.0,
+                "kv_bytes_per_token_full": kv_per_token.1,
                 "batch": a.batch,
                 "batch_tg_tok_s": batched,
                 "moe": moe,
@@ -142,6 +145,7 @@ pub fn run(a: BenchArgs) -> Result<()> {
                 100.0 * tg_med / r
             )?;
         }
+        outln!("{}", crate::inspect::kv_per_token_line(&engine.model.cfg))?;
         if let Some(rss) = rss {
             outln!(
                 "peak RSS {:.1} MB (file {:.1} MB, KV cache {:.1} MB)",

@@ -39,6 +39,9 @@ pub fn run(model: Option<PathBuf>, tensors: bool, check: bool, all: bool) -> Res
         };
         outln!("  {k} = {shown}")?;
     }
+    if let Ok(cfg) = weft_model::ModelConfig::from_gguf(&f) {
+        outln!("  {}", kv_per_token_line(&cfg))?;
+    }
     if tensors {
         for t in f.tensors() {
             let part = if parts.len() > 1 {
@@ -59,4 +62,23 @@ pub fn run(model: Option<PathBuf>, tensors: bool, check: bool, all: bool) -> Res
         crate::inspect_check::run(&f, all)?;
     }
     Ok(())
+}
+
+/// The KV cache's bytes per token (f32, all layers), what it holds, and what a full-KV
+/// cache of the same model would need: MLA's saving in one line.
+pub fn kv_per_token_line(cfg: &weft_model::ModelConfig) -> String {
+    let (cached, full) = cfg.kv_bytes_per_token();
+    let holds = match cfg.mla {
+        Some(m) => format!("MLA latent {} + RoPE key {} f32", m.kv_lora_rank, m.n_rope),
+        None => format!(
+            "keys and values of {} KV heads x {} f32",
+            cfg.n_head_kv, cfg.head_dim
+        ),
+    };
+    format!(
+        "KV cache per token: {cached} bytes ({} layers x {holds}); a full K/V cache: {full} \
+         bytes ({:.1}x)",
+        cfg.n_layer,
+        full as f64 / cached.max(1) as f64
+    )
 }

@@ -1,7 +1,8 @@
 //! Mixture-of-experts across real node processes: expert parallelism (even, uneven, with
 //! TP inside the experts, inside a pipeline stage, with spare experts) gives the single node's greedy path on
-//! synthetic qwen3moe models, short and long prompts; a per-node memory cap that one node
-//! cannot meet is met by splitting the experts; bad expert metadata is a clear error.
+//! synthetic qwen3moe and deepseek2 models (latent attention, shared experts, sigmoid and
+//! softmax routing), short and long prompts; a per-node memory cap that one node cannot
+//! meet is met by splitting the experts; bad expert metadata is a clear error.
 
 mod common;
 
@@ -9,7 +10,7 @@ use std::path::Path;
 
 use serde_json::Value;
 use weft_gguf::{GgmlType, GgufWriter, Value as GgufValue};
-use weft_model::synthetic::{synthetic_model, SyntheticMoe, SyntheticSpec};
+use weft_model::synthetic::{synthetic_model, SyntheticMla, SyntheticMoe, SyntheticSpec};
 use weft_model::Arch;
 
 use common::{assert_same_path, greedy, ok_json, weft, SYNTHETIC_TOL};
@@ -19,11 +20,11 @@ fn moe_spec(ty: GgmlType, seed: u64) -> SyntheticSpec {
     s.n_layer = 4;
     s.seed = seed;
     s.head_scale = 8.0;
-    s.moe = Some(SyntheticMoe {
-        n_expert: 16,
-        n_expert_used: 4,
-        n_ff_exp: if ty.block_size() == 256 { 256 } else { 128 },
-    });
+    s.moe = Some(SyntheticMoe::routed(
+        16,
+        4,
+        if ty.block_size() == 256 { 256 } else { 128 },
+    ));
     s
 }
 
@@ -78,6 +79,66 @@ fn expert_parallel_layouts_match_one_node() {
     }
 }
 
+/// deepseek2 in two variants: Q8_0 with a low-rank query, sigmoid routing with its bias
+/// and one dense layer first; F16 with a plain query, softmax routing limited to 2 of 4
+/// groups, scaled weights and two dense layers first. Both with a shared expert.
+fn deepseek2_spec(ty: GgmlType, seed: u64) -> SyntheticSpec {
+    let mut s = SyntheticSpec::small(Arch::DeepSeek2, ty);
+    s.n_layer = 4;
+    s.seed = seed;
+    s.head_scale = 8.0;
+    let routed = SyntheticMoe::routed(16, 4, 128);
+    if ty == GgmlType::F16 {
+        s.moe = Some(SyntheticMoe {
+            leading_dense: 2,
+            sigmoid: false,
+            groups: (4, 2),
+            weights_scale: 2.5,
+            ..routed
+        });
+        s.mla = Some(SyntheticMla {
+            q_lora_rank: 0,
+            ..s.mla.expect("deepseek2 has MLA")
+        });
+    } else {
+        s.moe = Some(routed);
+    }
+    s
+}
+
+#[test]
+fn deepseek2_layouts_match_one_node() {
+    let dir = tempfile::tempdir().unwrap();
+    let long: String = (0..60)
+        .map(|i| ["the cat", "sat on", "a mat", "in Paris"][i % 4])
+        .collect::<Vec<_>>()
+        .join(" ");
+    let layouts: [&[&str]; 6] = [
+        &["--nodes", "2", "--tp", "2"],
+        &["--nodes", "2", "--ep", "2"],
+        &["--nodes", "4", "--ep", "2", "--tp", "2"],
+        &["--nodes", "2", "--pp", "2"],
+        &["--nodes", "4", "--pp", "2", "--ep", "2"],
+        &["--nodes", "3", "--ep", "3", "--ep-weights", "2,1,1"],
+    ];
+    for (ty, seed) in [(GgmlType::Q8_0, 5), (GgmlType::F16, 9)] {
+        let m = write(
+            dir.path(),
+            &format!("deepseek2-{ty}.gguf"),
+            &synthetic_model(&deepseek2_spec(ty, seed)),
+        );
+        for prompt in ["the cat sat on the mat", long.as_str()] {
+            let single = greedy(&m, prompt, 12, &[]);
+            for l in layouts {
+                let got = greedy(&m, prompt, 12, l);
+                let what = format!("deepseek2 {ty} {l:?}, {}-char prompt", prompt.len());
+                assert_eq!(got["prompt_ids"], single["prompt_ids"], "{what}");
+                assert_same_path(&what, &single, &got, SYNTHETIC_TOL);
+            }
+        }
+    }
+}
+
 fn node_stats(v: &Value) -> Vec<(u64, u64)> {
     v["node_stats"]
         .as_array()
@@ -97,11 +158,7 @@ fn a_memory_cap_one_node_cannot_meet_is_met_by_expert_parallelism() {
     let dir = tempfile::tempdir().unwrap();
     let mut spec = moe_spec(GgmlType::Q8_0, 3);
     // Experts dominate: 64 experts of 3 x 256 x 512 Q8_0 values per layer, ~100 MB in all.
-    spec.moe = Some(SyntheticMoe {
-        n_expert: 64,
-        n_expert_used: 4,
-        n_ff_exp: 512,
-    });
+    spec.moe = Some(SyntheticMoe::routed(64, 4, 512));
     let m = write(dir.path(), "big-moe.gguf", &synthetic_model(&spec));
     let one = greedy(&m, "hello world", 6, &["--nodes", "1"]);
     let (whole, _) = node_stats(&one)[0];

@@ -18,11 +18,7 @@ fn moe_model(dir: &std::path::Path) -> String {
     spec.n_layer = 4;
     spec.seed = 3;
     spec.head_scale = 8.0;
-    spec.moe = Some(SyntheticMoe {
-        n_expert: 64,
-        n_expert_used: 4,
-        n_ff_exp: 512,
-    });
+    spec.moe = Some(SyntheticMoe::routed(64, 4, 512));
     let p = dir.join("moe.gguf");
     synthetic_model(&spec).write_file(&p).unwrap();
     p.to_str().unwrap().to_string()

@@ -8,6 +8,7 @@ use std::process::{Child, Command, Output, Stdio};
 
 use serde_json::Value;
 
+pub mod llamacpp;
 pub mod server;
 
 /// How far one token's logprob moves on Gemma 3 270M when only the summation order
