@@ -28,23 +28,76 @@ pub enum RopeStyle {
     Neox,
 }
 
+/// YaRN's blend of interpolated and extrapolated frequencies (as ggml's `rope_yarn` with
+/// ext_factor 1): pairs rotating faster than `beta_fast` turns over the original context
+/// keep their frequency, those slower than `beta_slow` turns are interpolated, and a
+/// linear ramp blends the pairs between.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct YarnRamp {
+    /// The context the model was trained at before scaling.
+    pub n_ctx_orig: usize,
+    pub beta_fast: f32,
+    pub beta_slow: f32,
+}
+
 /// Precomputed inverse frequencies for one RoPE base.
 #[derive(Clone, Debug)]
 pub struct Rope {
     pub style: RopeStyle,
     pub n_rot: usize,
     inv_freq: Vec<f64>,
+    /// Magnitude of the sines and cosines (YaRN's and `rope.scaling.attn_factor`'s scale).
+    mscale: f32,
 }
 
 impl Rope {
     pub fn new(style: RopeStyle, n_rot: usize, base: f32, freq_scale: f32) -> Self {
+        Self::scaled(style, n_rot, base, freq_scale, None, 1.0)
+    }
+
+    /// RoPE with its frequencies scaled by `freq_scale`, through YaRN's ramp where
+    /// `yarn` is given, and its sines and cosines multiplied by `mscale`.
+    pub fn scaled(
+        style: RopeStyle,
+        n_rot: usize,
+        base: f32,
+        freq_scale: f32,
+        yarn: Option<YarnRamp>,
+        mscale: f32,
+    ) -> Self {
+        let base = base as f64;
+        let fs = freq_scale as f64;
+        // The pair index where a pair turns `beta` times over the original context.
+        let corr = |n_ctx: usize, beta: f32| {
+            n_rot as f64 * (n_ctx as f64 / (beta as f64 * 2.0 * std::f64::consts::PI)).ln()
+                / (2.0 * base.ln())
+        };
+        let dims = yarn.map(|y| {
+            let low = corr(y.n_ctx_orig, y.beta_fast).floor().max(0.0);
+            let high = corr(y.n_ctx_orig, y.beta_slow)
+                .ceil()
+                .min(n_rot as f64 - 1.0);
+            (low, high)
+        });
         let inv_freq = (0..n_rot / 2)
-            .map(|i| freq_scale as f64 * (base as f64).powf(-2.0 * i as f64 / n_rot as f64))
+            .map(|i| {
+                let extrapolated = base.powf(-2.0 * i as f64 / n_rot as f64);
+                let scale = match dims {
+                    None => fs,
+                    Some((low, high)) => {
+                        let y = (i as f64 - low) / (high - low).max(0.001);
+                        let ramp = 1.0 - y.clamp(0.0, 1.0);
+                        fs * (1.0 - ramp) + ramp
+                    }
+                };
+                extrapolated * scale
+            })
             .collect();
         Rope {
             style,
             n_rot,
             inv_freq,
+            mscale,
         }
     }
 
@@ -60,7 +113,7 @@ impl Rope {
         let half = self.n_rot / 2;
         for (i, &f) in self.inv_freq.iter().enumerate() {
             let (s, c) = (pos as f64 * f).sin_cos();
-            let (s, c) = (s as f32, c as f32);
+            let (s, c) = (s as f32 * self.mscale, c as f32 * self.mscale);
             let (a, b) = match self.style {
                 RopeStyle::Normal => (2 * i, 2 * i + 1),
                 RopeStyle::Neox => (i, i + half),
@@ -126,6 +179,37 @@ mod tests {
         r.apply(&mut h, 1234);
         let n: f32 = h.iter().map(|v| v * v).sum();
         assert!((n - (0.09 + 1.44 + 0.49 + 4.0)).abs() < 1e-4);
+    }
+
+    #[test]
+    fn yarn_keeps_fast_pairs_and_interpolates_slow_ones() {
+        // 64 dimensions, base 10000, 4x over an original context of 512: the ramp runs
+        // from pair floor(corr(32)) = floor(3.25) = 3 to ceil(corr(1)) = ceil(15.3) = 16,
+        // corr(beta) = 64 ln(512 / (2 pi beta)) / (2 ln 10000).
+        let (n, base, fs) = (64, 10000f32, 0.25f32);
+        let ramp = YarnRamp {
+            n_ctx_orig: 512,
+            beta_fast: 32.0,
+            beta_slow: 1.0,
+        };
+        let y = Rope::scaled(RopeStyle::Normal, n, base, fs, Some(ramp), 1.0);
+        let plain = Rope::new(RopeStyle::Normal, n, base, 1.0);
+        let linear = Rope::new(RopeStyle::Normal, n, base, fs);
+        for i in 0..n / 2 {
+            let (got, p, l) = (y.inv_freq[i], plain.inv_freq[i], linear.inv_freq[i]);
+            if i <= 3 {
+                assert!((got - p).abs() <= 1e-12 * p, "pair {i} keeps its frequency");
+            } else if i >= 16 {
+                assert!((got - l).abs() <= 1e-12 * l, "pair {i} is interpolated");
+            } else {
+                assert!(got < p && got > l, "pair {i} is blended");
+            }
+        }
+        // mscale multiplies the rotation's sines and cosines.
+        let m = Rope::scaled(RopeStyle::Normal, 4, base, 1.0, None, 1.5);
+        let mut h = [1.0f32, 0.0, 0.0, 0.0];
+        m.apply(&mut h, 1);
+        assert!((h[0] - 1.5 * 1f32.cos()).abs() < 1e-6 && (h[1] - 1.5 * 1f32.sin()).abs() < 1e-6);
     }
 
     #[test]

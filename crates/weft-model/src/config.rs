@@ -1,7 +1,7 @@
 //! Hyper-parameters of a model, read from GGUF metadata and checked against its tensors.
 
 use weft_gguf::{FormatError, GgufError, GgufFile};
-use weft_kernels::ops::RopeStyle;
+use weft_kernels::ops::{RopeStyle, YarnRamp};
 
 /// The model families weft runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -62,6 +62,10 @@ pub struct ModelConfig {
     pub rope_base: f32,
     pub rope_base_swa: f32,
     pub rope_freq_scale: f32,
+    /// YaRN's frequency ramp on the global layers, where the file asks for YaRN.
+    pub rope_yarn: Option<YarnRamp>,
+    /// Magnitude of RoPE's sines and cosines (YaRN, `rope.scaling.attn_factor`).
+    pub rope_mscale: f32,
     /// Per layer: the sliding window in tokens, or `None` for full attention.
     pub window: Vec<Option<usize>>,
     /// Multiplier of the token embedding (Gemma scales by sqrt(n_embd)).
@@ -160,7 +164,15 @@ impl ModelConfig {
         let k = |s: &str| format!("{arch_name}.{s}");
         let us = |s: &str| -> Result<usize, GgufError> { Ok(f.get_u64(&k(s))? as usize) };
         let n_embd = us("embedding_length")?;
-        let n_layer = us("block_count")?;
+        // Multi-token-prediction blocks (GLM's deepseek2 files) follow the decoder's layers;
+        // weft does not run them, as llama.cpp does not when decoding.
+        let nextn = f.get_u64_or(&k("nextn_predict_layers"), 0)? as usize;
+        let n_layer = us("block_count")?.checked_sub(nextn).ok_or_else(|| {
+            f.err(FormatError::BadValue {
+                key: k("nextn_predict_layers"),
+                detail: format!("{nextn} prediction layers exceed block_count"),
+            })
+        })?;
         let n_head = us("attention.head_count")?;
         let n_head_kv = f.get_u64_or(&k("attention.head_count_kv"), n_head as u64)? as usize;
         let head_dim = match f.get(&k("attention.key_length")) {
@@ -189,7 +201,24 @@ impl ModelConfig {
                 format!("{n_head} query heads are not a multiple of {n_head_kv} KV heads"),
             ));
         }
-        let mla = mla_config(f, arch_name, n_head)?;
+        let scaling = rope_scaling(f, arch, arch_name)?;
+        let mla = mla_config(f, arch_name, n_head, scaling.kq_mscale)?;
+        if mla.is_some() && n_head_kv != 1 {
+            return Err(bad(
+                k("attention.head_count_kv"),
+                format!("{n_head_kv}: latent attention caches one KV head (1)"),
+            ));
+        }
+        if mla.is_some() {
+            for key in ["attention.sliding_window", "attention.temperature_scale"] {
+                if f.get(&k(key)).is_some() {
+                    return Err(bad(
+                        k(key),
+                        "not supported with deepseek2's latent attention".into(),
+                    ));
+                }
+            }
+        }
         // MLA: the generic head width is the value head's (what attn_output reads per head).
         let head_dim = mla.map_or(head_dim, |m| m.v_head);
         let v_len = f.get_u64_or(&k("attention.value_length"), head_dim as u64)? as usize;
@@ -233,21 +262,6 @@ impl ModelConfig {
             k("rope.freq_base_swa"),
             f.get_f32_or(&k("rope.freq_base_swa"), 10_000.0)?,
         )?;
-        let rope_freq_scale = match f.get(&k("rope.scaling.type")).and_then(|v| v.as_str()) {
-            Some("linear") => {
-                1.0 / positive(
-                    k("rope.scaling.factor"),
-                    f.get_f32_or(&k("rope.scaling.factor"), 1.0)?,
-                )?
-            }
-            Some("none") | None => 1.0,
-            Some(other) => {
-                return Err(bad(
-                    k("rope.scaling.type"),
-                    format!("RoPE scaling '{other}' is not supported"),
-                ))
-            }
-        };
         let n_ctx_train = f.get_u64_or(&k("context_length"), 4096)? as usize;
         let tok = f.get_array("tokenizer.ggml.tokens")?;
         let n_vocab = tok.len();
@@ -294,7 +308,9 @@ impl ModelConfig {
             n_rot,
             rope_base,
             rope_base_swa,
-            rope_freq_scale,
+            rope_freq_scale: scaling.freq_scale,
+            rope_yarn: scaling.yarn,
+            rope_mscale: scaling.rope_mscale,
             window,
             embed_scale: if gemma { (n_embd as f32).sqrt() } else { 1.0 },
             // Gemma 3 27B (62 layers) scales queries by n_embd/n_head; the others by head_dim.
@@ -357,6 +373,7 @@ fn mla_config(
     f: &GgufFile,
     arch_name: &str,
     n_head: usize,
+    kq_mscale: f32,
 ) -> Result<Option<MlaConfig>, GgufError> {
     if arch_name != "deepseek2" {
         return Ok(None);
@@ -387,8 +404,11 @@ fn mla_config(
             ),
         ));
     }
-    let key_len = f.get_u64_or(&k("attention.key_length"), (kv_lora_rank + n_rope) as u64)?;
-    if key_len as usize != kv_lora_rank + n_rope {
+    let cached = kv_lora_rank
+        .checked_add(n_rope)
+        .ok_or_else(|| bad(k("attention.kv_lora_rank"), "too large".into()))?;
+    let key_len = f.get_u64_or(&k("attention.key_length"), cached as u64)?;
+    if key_len as usize != cached {
         return Err(bad(
             k("attention.key_length"),
             format!(
@@ -397,33 +417,111 @@ fn mla_config(
             ),
         ));
     }
-    let mscale = yarn_mscale(f, arch_name)?;
+    if q_lora_rank == 0 && f.has_tensor("blk.0.attn_q_a.weight") {
+        return Err(bad(
+            k("attention.q_lora_rank"),
+            "missing or 0, but the layers have a low-rank query (attn_q_a)".into(),
+        ));
+    }
     Ok(Some(MlaConfig {
         q_lora_rank,
         kv_lora_rank,
         n_nope: k_head - n_rope,
         n_rope,
         v_head,
-        kq_scale: mscale * mscale / (k_head as f32).sqrt(),
+        kq_scale: kq_mscale * kq_mscale / (k_head as f32).sqrt(),
     }))
 }
 
-/// The attention scale factor YaRN asks of deepseek2 (1 without YaRN): llama.cpp's
-/// `0.1 · log_mul · ln(factor) + 1`, with the file's multiplier stored divided by 0.1.
-fn yarn_mscale(f: &GgufFile, arch_name: &str) -> Result<f32, GgufError> {
+/// A file's RoPE scaling, as llama.cpp applies it.
+struct RopeScaling {
+    freq_scale: f32,
+    yarn: Option<YarnRamp>,
+    /// Magnitude of RoPE's sines and cosines.
+    rope_mscale: f32,
+    /// deepseek2's query-key scale factor (squared into its kq_scale).
+    kq_mscale: f32,
+}
+
+/// `rope.scaling.*`: none, linear, or YaRN (deepseek2 only), with llama.cpp's factors:
+/// the RoPE magnitude is `yarn_attn_factor` (ggml multiplies YaRN's own `1 + 0.1 ln s` back
+/// in), and deepseek2 pre-scales its kq_scale by `attn_factor·(1 + 0.1 ln s)·(1 + 0.1·
+/// log_mul·ln s)`, its file's log multiplier stored divided by 0.1.
+fn rope_scaling(f: &GgufFile, arch: Arch, arch_name: &str) -> Result<RopeScaling, GgufError> {
     let k = |s: &str| format!("{arch_name}.{s}");
-    if f.get(&k("rope.scaling.type")).and_then(|v| v.as_str()) != Some("yarn") {
-        return Ok(1.0);
-    }
-    let factor = f.get_f32_or(&k("rope.scaling.factor"), 1.0)?;
-    let log_mul = f.get_f32_or(&k("rope.scaling.yarn_log_multiplier"), 0.0)? / 0.1;
-    if !(factor.is_finite() && factor >= 1.0 && log_mul.is_finite()) {
-        return Err(f.err(FormatError::BadValue {
-            key: k("rope.scaling.*"),
-            detail: format!("YaRN factor {factor} (must be >= 1), log multiplier {log_mul}"),
-        }));
-    }
-    Ok(1.0 + 0.1 * log_mul * factor.ln())
+    let bad = |key: String, detail: String| f.err(FormatError::BadValue { key, detail });
+    let positive = |key: &str, default: f32| -> Result<f32, GgufError> {
+        match f.get_f32_or(&k(key), default)? {
+            v if v.is_finite() && v > 0.0 => Ok(v),
+            v => Err(bad(k(key), format!("{v} must be a finite number > 0"))),
+        }
+    };
+    let deepseek = arch == Arch::DeepSeek2;
+    let kind = f.get(&k("rope.scaling.type")).and_then(|v| v.as_str());
+    let (freq_scale, yarn) = match kind {
+        Some("none") | None => (1.0, None),
+        Some("linear") => (1.0 / positive("rope.scaling.factor", 1.0)?, None),
+        Some("yarn") if deepseek => {
+            let n_ctx_train = f.get_u64_or(&k("context_length"), 4096)?;
+            let orig = f.get_u64_or(&k("rope.scaling.original_context_length"), n_ctx_train)?;
+            let ramp = YarnRamp {
+                n_ctx_orig: orig as usize,
+                beta_fast: positive("rope.scaling.yarn_beta_fast", 32.0)?,
+                beta_slow: positive("rope.scaling.yarn_beta_slow", 1.0)?,
+            };
+            (1.0 / positive("rope.scaling.factor", 1.0)?, Some(ramp))
+        }
+        Some(other) => {
+            return Err(bad(
+                k("rope.scaling.type"),
+                format!("RoPE scaling '{other}' is not supported for {arch_name}"),
+            ))
+        }
+    };
+    let log_mul = if deepseek {
+        match f.get_f32_or(&k("rope.scaling.yarn_log_multiplier"), 0.0)? / 0.1 {
+            v if v.is_finite() => v,
+            v => return Err(bad(k("rope.scaling.yarn_log_multiplier"), format!("{v}"))),
+        }
+    } else {
+        0.0
+    };
+    let attn_factor = positive("rope.scaling.attn_factor", 1.0)?;
+    let s = 1.0 / freq_scale;
+    let get_mscale = |m: f32| {
+        if s <= 1.0 {
+            1.0
+        } else {
+            0.1 * m * s.ln() + 1.0
+        }
+    };
+    let yarn_attn = match yarn {
+        None => 1.0,
+        Some(_) => {
+            let ratio = if log_mul != 0.0 {
+                let m = if deepseek && log_mul != 1.0 {
+                    log_mul
+                } else {
+                    1.0
+                };
+                get_mscale(m) / get_mscale(log_mul)
+            } else {
+                get_mscale(1.0)
+            };
+            ratio / (1.0 + 0.1 * s.ln())
+        }
+    } * attn_factor;
+    let rope_mscale = match yarn {
+        Some(_) => yarn_attn * (1.0 + 0.1 * s.ln()),
+        None => yarn_attn,
+    };
+    let kq_mscale = yarn_attn * (1.0 + 0.1 * s.ln()) * (1.0 + 0.1 * log_mul * s.ln());
+    Ok(RopeScaling {
+        freq_scale,
+        yarn,
+        rope_mscale,
+        kq_mscale,
+    })
 }
 
 /// `{arch}.expert_count` and friends, checked: `None` when the file declares no experts.
@@ -474,8 +572,17 @@ fn moe_config(f: &GgufFile, arch_name: &str) -> Result<Option<MoeConfig>, GgufEr
     // deepseek2 only where the file says so.
     let deepseek = arch_name == "deepseek2";
     let norm_topk = f.get_bool_or(&k("expert_weights_norm"), !deepseek)?;
-    // llama.cpp's LLAMA_EXPERT_GATING_FUNC_TYPE: 1 softmax, 2 sigmoid (0: unset).
-    let gating = match f.get_u64_or(&k("expert_gating_func"), 0)? {
+    // llama.cpp's LLAMA_EXPERT_GATING_FUNC_TYPE: 1 softmax, 2 sigmoid (0: unset). Read for
+    // deepseek2 only, as llama.cpp does; unset there, a file with a selection bias routes
+    // by sigmoid (as GLM's do, where llama.cpp guesses it from the layer and vocabulary
+    // counts) and one without by softmax (DeepSeek V2's).
+    let gating_key = if deepseek {
+        f.get_u64_or(&k("expert_gating_func"), 0)?
+    } else {
+        1
+    };
+    let gating = match gating_key {
+        0 if has_selection_bias(f) => Gating::Sigmoid,
         0 | 1 => Gating::Softmax,
         2 => Gating::Sigmoid,
         other => {
@@ -485,7 +592,12 @@ fn moe_config(f: &GgufFile, arch_name: &str) -> Result<Option<MoeConfig>, GgufEr
             ))
         }
     };
-    let weights_scale = match f.get_f32_or(&k("expert_weights_scale"), 0.0)? {
+    let scale_key = if deepseek {
+        f.get_f32_or(&k("expert_weights_scale"), 0.0)?
+    } else {
+        0.0
+    };
+    let weights_scale = match scale_key {
         0.0 => 1.0,
         s if s.is_finite() && s > 0.0 => s,
         s => {
@@ -495,8 +607,14 @@ fn moe_config(f: &GgufFile, arch_name: &str) -> Result<Option<MoeConfig>, GgufEr
             ))
         }
     };
-    let n_group = f.get_u64_or(&k("expert_group_count"), 0)? as usize;
-    let n_group_used = f.get_u64_or(&k("expert_group_used_count"), 0)? as usize;
+    let (n_group, n_group_used) = if deepseek {
+        (
+            f.get_u64_or(&k("expert_group_count"), 0)? as usize,
+            f.get_u64_or(&k("expert_group_used_count"), 0)? as usize,
+        )
+    } else {
+        (0, 0)
+    };
     let groups = if n_group > 1 {
         if !n_expert.is_multiple_of(n_group) || n_group_used == 0 || n_group_used >= n_group {
             return Err(bad(
@@ -520,7 +638,18 @@ fn moe_config(f: &GgufFile, arch_name: &str) -> Result<Option<MoeConfig>, GgufEr
     } else {
         None
     };
-    let n_shared = f.get_u64_or(&k("expert_shared_count"), 0)? as usize;
+    // llama.cpp requires the shared-expert count of deepseek2 (and reads none elsewhere).
+    let n_shared = if deepseek {
+        f.get_u64(&k("expert_shared_count"))? as usize
+    } else {
+        0
+    };
+    if n_shared.checked_mul(n_ff_exp).is_none() {
+        return Err(bad(
+            k("expert_shared_count"),
+            format!("{n_shared} shared experts of {n_ff_exp} columns: too large"),
+        ));
+    }
     Ok(Some(MoeConfig {
         n_expert,
         n_expert_used,
@@ -531,6 +660,13 @@ fn moe_config(f: &GgufFile, arch_name: &str) -> Result<Option<MoeConfig>, GgufEr
         groups,
         n_shared,
     }))
+}
+
+/// Whether some layer has deepseek2's expert-selection bias (`exp_probs_b`).
+fn has_selection_bias(f: &GgufFile) -> bool {
+    f.tensors()
+        .iter()
+        .any(|t| t.name.ends_with(".exp_probs_b.bias"))
 }
 
 /// Gemma 3 alternates sliding-window and global layers; llama-family models may set a

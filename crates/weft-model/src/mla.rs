@@ -5,9 +5,9 @@
 //! its `attn_v_b` slice. Prefill and decode run this one path, so a token batched or
 //! alone gives the same bits.
 //!
-//! Tensor parallelism: `attn_q_a`/`attn_q` rows of the rank's heads, `attn_k_b`/`attn_v_b`
-//! of its heads, `attn_output` columns of its heads; `attn_kv_a_mqa` and the latent cache
-//! are whole on every rank (a token's latent is one row for all heads, so splitting it
+//! Tensor parallelism: `attn_q`/`attn_q_b` rows of the rank's heads, `attn_k_b`/`attn_v_b`
+//! of its heads, `attn_output` columns of its heads; `attn_q_a`, `attn_kv_a_mqa` and the
+//! latent cache are whole on every rank (a token's latent is one row for all heads, so splitting it
 //! would mean a gather per layer for a cache that is already small).
 
 use std::ops::Range;

@@ -326,12 +326,14 @@ impl Model {
         let mla = cfg
             .mla
             .map(|m| MlaScratch::new(ubatch, m, shard.heads.len()));
+        // Latent attention has its own query buffers (MlaScratch).
+        let gqa_rows = if cfg.mla.is_some() { 0 } else { ubatch };
         let ws = Workspace {
             x: vec![0.0; ubatch * e],
             xn: vec![0.0; ubatch * e],
-            q: vec![0.0; ubatch * q_local],
-            k: vec![0.0; ubatch * kv_local],
-            v: vec![0.0; ubatch * kv_local],
+            q: vec![0.0; gqa_rows * q_local],
+            k: vec![0.0; gqa_rows * kv_local],
+            v: vec![0.0; gqa_rows * kv_local],
             att: vec![0.0; ubatch * q_local],
             o: vec![0.0; ubatch * e],
             gate: vec![0.0; ubatch * ff_local],
@@ -344,17 +346,21 @@ impl Model {
             row_seq: vec![0; ubatch],
         };
         Ok(Model {
-            rope_global: Rope::new(
+            rope_global: Rope::scaled(
                 cfg.rope_style,
                 cfg.n_rot,
                 cfg.rope_base,
                 cfg.rope_freq_scale,
+                cfg.rope_yarn,
+                cfg.rope_mscale,
             ),
-            rope_local: Rope::new(
+            rope_local: Rope::scaled(
                 cfg.rope_style,
                 cfg.n_rot,
                 cfg.rope_base_swa,
                 cfg.rope_freq_scale,
+                None,
+                cfg.rope_mscale,
             ),
             cfg,
             shard,

@@ -1,4 +1,5 @@
-//! Routed experts (qwen3moe's sparse FFN): a pure router that every rank runs alike, the
+//! Routed experts (qwen3moe's and deepseek2's sparse FFN, deepseek2's shared experts too):
+//! a pure router that every rank runs alike, the
 //! experts of this rank's tile, and a forward that reads only the experts tokens are
 //! routed to: decode reads the k chosen experts, prefill groups the step's tokens by
 //! expert so each expert's weights are read once per step. Where expert groups hold
@@ -10,7 +11,7 @@ use std::sync::Arc;
 use weft_gguf::GgufFile;
 use weft_kernels::{ops, quant, ThreadPool};
 
-use crate::config::{Gating, ModelConfig, MoeConfig, MAX_EXPERTS, MAX_TOP_K};
+use crate::config::{Arch, Gating, ModelConfig, MoeConfig, MAX_EXPERTS, MAX_TOP_K};
 use crate::error::ModelError;
 use crate::rows::{for_each_chunk, for_each_row, linear, linears_of_one_input, SendPtr};
 use crate::shard::ShardSpec;
@@ -237,7 +238,8 @@ impl MoeFfn {
         let n = |s: &str| format!("blk.{il}.{s}");
         let e = cfg.n_embd;
         let (ne, ff) = (moe.n_expert, moe.n_ff_exp);
-        let bias = match f.has_tensor(&n("exp_probs_b.bias")) {
+        // The selection bias is deepseek2's (llama.cpp reads it for no other family here).
+        let bias = match cfg.arch == Arch::DeepSeek2 && f.has_tensor(&n("exp_probs_b.bias")) {
             true => Some(load_vector(f, &n("exp_probs_b.bias"), ne)?),
             false => None,
         };
@@ -364,6 +366,7 @@ fn load_shared_expert(
     if moe.n_shared == 0 {
         return Ok(None);
     }
+    // The product was checked against overflow with the metadata (config.rs).
     let (e, width) = (cfg.n_embd, moe.n_shared * moe.n_ff_exp);
     let block = f.tensor(&n("ffn_down_shexp.weight"))?.ty.block_size();
     let edge = |col: usize| {

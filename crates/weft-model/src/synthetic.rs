@@ -82,6 +82,9 @@ pub struct SyntheticMla {
     pub n_nope: usize,
     pub n_rope: usize,
     pub v_head: usize,
+    /// YaRN scaling written as DeepSeek V3's converter writes it: (factor, original
+    /// context), with its log multiplier 0.1.
+    pub yarn: Option<(f32, u32)>,
 }
 
 impl SyntheticSpec {
@@ -112,6 +115,7 @@ impl SyntheticSpec {
                 n_nope: if k { 256 } else { 64 },
                 n_rope: 32,
                 v_head: 64,
+                yarn: None,
             }),
             head_scale: 1.0,
         }
@@ -182,6 +186,12 @@ pub fn synthetic_model(spec: &SyntheticSpec) -> GgufWriter {
             )
             .set_u32(&format!("{a}.attention.value_length_mla"), m.v_head as u32)
             .set_u32(&format!("{a}.rope.dimension_count"), m.n_rope as u32);
+        if let Some((factor, orig)) = m.yarn {
+            w.set_str(&format!("{a}.rope.scaling.type"), "yarn")
+                .set_f32(&format!("{a}.rope.scaling.factor"), factor)
+                .set_u32(&format!("{a}.rope.scaling.original_context_length"), orig)
+                .set_f32(&format!("{a}.rope.scaling.yarn_log_multiplier"), 0.1);
+        }
     }
     if let (Some(m), Arch::DeepSeek2) = (spec.moe, spec.arch) {
         w.set_u32(

@@ -30,7 +30,8 @@ pub struct ModelProfile {
     pub embed_bytes: u64,
     /// Output head and final norm (read whole by the last stage every token).
     pub head_bytes: u64,
-    /// K and V of one token in one layer, all KV heads (f32 as weft caches them).
+    /// KV cache bytes of one token in one layer, whole (f32 as weft caches them): K and V
+    /// of all KV heads, or MLA's latent and RoPE key.
     pub kv_bytes_per_token: u64,
     /// Routed experts per MoE layer and how many a token uses.
     pub experts: Option<(usize, usize)>,

@@ -33,7 +33,7 @@ pub struct SynthArgs {
     /// Dense FFN size (also written for MoE models, as converters do).
     #[arg(long, default_value_t = 512)]
     pub ff: usize,
-    /// Routed experts per MoE layer (qwen3moe).
+    /// Routed experts per MoE layer (qwen3moe, deepseek2).
     #[arg(long, default_value_t = 8)]
     pub experts: usize,
     /// Experts each token is routed to.
@@ -72,6 +72,9 @@ pub struct SynthArgs {
     /// deepseek2: multiplier of the routed weights (0: none).
     #[arg(long, default_value_t = 0.0)]
     pub expert_weights_scale: f32,
+    /// deepseek2: YaRN RoPE scaling, FACTOR,ORIGINAL_CONTEXT (as DeepSeek V3's files state it).
+    #[arg(long)]
+    pub yarn: Option<String>,
     /// deepseek2: do not renormalise the chosen experts' weights.
     #[arg(long)]
     pub no_expert_weights_norm: bool,
@@ -156,7 +159,17 @@ pub fn run(a: SynthArgs) -> Result<()> {
                 a.qk_rope
             ));
         }
+        let yarn = match &a.yarn {
+            None => None,
+            Some(y) => Some(
+                y.split_once(',')
+                    .and_then(|(f, c)| Some((f.trim().parse().ok()?, c.trim().parse().ok()?)))
+                    .filter(|&(f, c): &(f32, u32)| f >= 1.0 && c > 0)
+                    .ok_or_else(|| anyhow!("--yarn {y}: want FACTOR,ORIGINAL_CONTEXT"))?,
+            ),
+        };
         spec.mla = Some(SyntheticMla {
+            yarn,
             q_lora_rank: a.q_lora_rank,
             kv_lora_rank: a.kv_lora_rank,
             n_nope: a.qk_nope,

@@ -1,7 +1,8 @@
 //! weft's deepseek2 (latent attention, shared experts, sigmoid or softmax routing) against
 //! llama.cpp, the reference: on synthetic models with and without the low-rank query,
 //! with sigmoid routing (and its selection bias) and with group-limited softmax routing,
-//! with 1 and 2 leading dense layers, in F32, F16, Q8_0 and Q4_K_M, weft's greedy tokens
+//! with 1 and 2 leading dense layers, with and without renormalised expert weights, with
+//! YaRN RoPE scaling, in F32, F16, Q8_0 and Q4_K_M, weft's greedy tokens
 //! must be llama-server's up to a part at a near-tie, prompts past 1,000 tokens included;
 //! a model of another seed must fail the same comparison. `weft inspect` and `weft bench`
 //! must report the MLA cache's bytes per token and the full-KV figure beside it.
@@ -19,7 +20,7 @@ const N: usize = 16;
 /// `weft synth` flags of the two models (4 heads: every row is a multiple of 32, so
 /// llama-quantize's Q4_K_M falls back to its own choice for the rows K-quants cannot
 /// hold, as it does for DeepSeek's 128-wide attn_k_b).
-const MODELS: [(&str, &[&str]); 2] = [
+const MODELS: [(&str, &[&str]); 3] = [
     (
         "lora-sigmoid",
         &[
@@ -64,6 +65,27 @@ const MODELS: [(&str, &[&str]); 2] = [
             "2.5",
             "--seed",
             "7",
+            "--head-scale",
+            "8",
+        ],
+    ),
+    // YaRN as DeepSeek V3's files state it (4x over an original context of 256, log
+    // multiplier 0.1): the long prompt runs far past the original context. The routed
+    // weights are not renormalised.
+    (
+        "yarn",
+        &[
+            "--arch",
+            "deepseek2",
+            "--layers",
+            "3",
+            "--heads",
+            "4",
+            "--yarn",
+            "4,256",
+            "--no-expert-weights-norm",
+            "--seed",
+            "11",
             "--head-scale",
             "8",
         ],

@@ -209,9 +209,76 @@ fn a_memory_cap_one_node_cannot_meet_is_met_by_expert_parallelism() {
 
 /// The synthetic model with one metadata key or tensor replaced.
 fn broken(dir: &Path, name: &str, edit: impl FnOnce(&mut GgufWriter)) -> String {
-    let mut w = synthetic_model(&moe_spec(GgmlType::F32, 5));
+    broken_spec(dir, name, &moe_spec(GgmlType::F32, 5), edit)
+}
+
+fn broken_spec(
+    dir: &Path,
+    name: &str,
+    spec: &SyntheticSpec,
+    edit: impl FnOnce(&mut GgufWriter),
+) -> String {
+    let mut w = synthetic_model(spec);
     edit(&mut w);
     write(dir, name, &w)
+}
+
+#[test]
+fn bad_deepseek2_metadata_is_a_clear_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let spec = deepseek2_spec(GgmlType::F16, 5);
+    let case = |name: &str, key: &'static str, v: GgufValue| {
+        let p = broken_spec(dir.path(), name, &spec, |w| {
+            w.set(key, v);
+        });
+        (p, key)
+    };
+    let cases = [
+        case(
+            "kv.gguf",
+            "deepseek2.attention.head_count_kv",
+            GgufValue::U32(2),
+        ),
+        case(
+            "gating.gguf",
+            "deepseek2.expert_gating_func",
+            GgufValue::U32(4),
+        ),
+        case(
+            "groups.gguf",
+            "deepseek2.expert_group_count",
+            GgufValue::U32(3),
+        ),
+        case(
+            "nextn.gguf",
+            "deepseek2.nextn_predict_layers",
+            GgufValue::U32(9),
+        ),
+        case(
+            "swa.gguf",
+            "deepseek2.attention.sliding_window",
+            GgufValue::U32(64),
+        ),
+        case(
+            "klen.gguf",
+            "deepseek2.attention.key_length",
+            GgufValue::U32(100),
+        ),
+        case(
+            "scaling.gguf",
+            "deepseek2.rope.scaling.type",
+            GgufValue::String("longrope".into()),
+        ),
+    ];
+    for (m, key) in cases {
+        let out = weft(&["run", "--model", &m, "--prompt", "hi", "-n", "2"]);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{key}: {err}");
+        assert!(
+            err.contains(key) && !err.contains("panicked"),
+            "{key}: {err}"
+        );
+    }
 }
 
 #[test]

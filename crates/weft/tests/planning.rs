@@ -152,7 +152,7 @@ fn live_nodes_are_surveyed_and_a_slowed_node_gets_less() {
         .find(|p| {
             p["tp"] == 2 && {
                 let w = p["tp_weights"].as_array().unwrap();
-                w[0].as_f64().unwrap() > 1.8 * w[1].as_f64().unwrap()
+                w[0].as_f64().unwrap() > 1.2 * w[1].as_f64().unwrap()
             }
         })
         .unwrap_or_else(|| panic!("no speed-weighted TP=2 layout: {v}"));
