@@ -101,6 +101,9 @@ pub struct MlaConfig {
     pub v_head: usize,
     /// Scale of the query-key products (YaRN's mscale² over sqrt of the full key width).
     pub kq_scale: f32,
+    /// The legacy layout: one `attn_kv_b` holding each head's key rows then value rows,
+    /// instead of `attn_k_b` and `attn_v_b`.
+    pub combined_kv_b: bool,
 }
 
 impl MlaConfig {
@@ -203,12 +206,8 @@ impl ModelConfig {
         }
         let scaling = rope_scaling(f, arch, arch_name)?;
         let mla = mla_config(f, arch_name, n_head, scaling.kq_mscale)?;
-        if mla.is_some() && n_head_kv != 1 {
-            return Err(bad(
-                k("attention.head_count_kv"),
-                format!("{n_head_kv}: latent attention caches one KV head (1)"),
-            ));
-        }
+        // The latent cache is one row per token for all heads (checked in mla_config).
+        let n_head_kv = if mla.is_some() { 1 } else { n_head_kv };
         if mla.is_some() {
             for key in ["attention.sliding_window", "attention.temperature_scale"] {
                 if f.get(&k(key)).is_some() {
@@ -381,16 +380,17 @@ fn mla_config(
     let k = |s: &str| format!("{arch_name}.{s}");
     let bad = |key: String, detail: String| f.err(FormatError::BadValue { key, detail });
     let us = |s: &str| -> Result<usize, GgufError> { Ok(f.get_u64(&k(s))? as usize) };
-    if f.get(&k("attention.key_length_mla")).is_none() {
-        return Err(bad(
-            k("attention.key_length_mla"),
-            "missing: this deepseek2 file has the legacy combined attn_kv_b layout; \
-             convert it again with a current convert_hf_to_gguf.py (attn_k_b and attn_v_b)"
-                .into(),
-        ));
-    }
-    let k_head = us("attention.key_length_mla")?;
-    let v_head = us("attention.value_length_mla")?;
+    // The current layout names the MLA head sizes apart from the absorbed MQA key (the
+    // latent + RoPE key); a legacy file with one combined attn_kv_b has only the former
+    // as its plain key and value lengths.
+    let legacy = f.get(&k("attention.key_length_mla")).is_none();
+    let (k_key, v_key) = if legacy {
+        ("attention.key_length", "attention.value_length")
+    } else {
+        ("attention.key_length_mla", "attention.value_length_mla")
+    };
+    let k_head = us(k_key)?;
+    let v_head = us(v_key)?;
     let kv_lora_rank = us("attention.kv_lora_rank")?;
     let q_lora_rank = f.get_u64_or(&k("attention.q_lora_rank"), 0)? as usize;
     let n_rope = us("rope.dimension_count")?;
@@ -398,9 +398,9 @@ fn mla_config(
         return Err(bad(
             k("attention.*"),
             format!(
-                "kv_lora_rank {kv_lora_rank}, key_length_mla {k_head}, value_length_mla \
-                 {v_head}, rope.dimension_count {n_rope}: all must be positive and the key \
-                 longer than its RoPE part"
+                "kv_lora_rank {kv_lora_rank}, {k_key} {k_head}, {v_key} {v_head}, \
+                 rope.dimension_count {n_rope}: all must be positive and the key longer \
+                 than its RoPE part"
             ),
         ));
     }
@@ -408,12 +408,28 @@ fn mla_config(
         .checked_add(n_rope)
         .ok_or_else(|| bad(k("attention.kv_lora_rank"), "too large".into()))?;
     let key_len = f.get_u64_or(&k("attention.key_length"), cached as u64)?;
-    if key_len as usize != cached {
+    if !legacy && key_len as usize != cached {
         return Err(bad(
             k("attention.key_length"),
             format!(
                 "{key_len}: the absorbed MLA key is kv_lora_rank + RoPE = {}",
                 kv_lora_rank + n_rope
+            ),
+        ));
+    }
+    // The absorbed layout caches one KV head; a legacy file declares one per query head.
+    let kv_heads = f.get_u64_or(&k("attention.head_count_kv"), n_head as u64)? as usize;
+    let want = if legacy { n_head } else { 1 };
+    if kv_heads != want {
+        return Err(bad(
+            k("attention.head_count_kv"),
+            format!(
+                "{kv_heads}: a{} deepseek2 file declares {want}",
+                if legacy {
+                    " legacy attn_kv_b"
+                } else {
+                    "n absorbed"
+                }
             ),
         ));
     }
@@ -430,6 +446,7 @@ fn mla_config(
         n_rope,
         v_head,
         kq_scale: kq_mscale * kq_mscale / (k_head as f32).sqrt(),
+        combined_kv_b: legacy,
     }))
 }
 

@@ -3,7 +3,8 @@
 //! is carried into the latent space by its `attn_k_b` slice, attends over the latent
 //! rows (keys: latent + RoPE key; values: the latent), and its result is carried out by
 //! its `attn_v_b` slice. Prefill and decode run this one path, so a token batched or
-//! alone gives the same bits.
+//! alone gives the same bits. Legacy files with one `attn_kv_b` run the same path, its
+//! key rows transposed and both parts dequantized to f32 once at load.
 //!
 //! Tensor parallelism: `attn_q`/`attn_q_b` rows of the rank's heads, `attn_k_b`/`attn_v_b`
 //! of its heads, `attn_output` columns of its heads; `attn_q_a`, `attn_kv_a_mqa` and the
@@ -13,9 +14,9 @@
 use std::ops::Range;
 use std::sync::Arc;
 
-use weft_gguf::GgufFile;
+use weft_gguf::{GgmlType, GgufFile};
 use weft_kernels::ops::{self, Rope};
-use weft_kernels::{vecops, ThreadPool};
+use weft_kernels::{quant, vecops, ThreadPool};
 
 use crate::attention::{attend, HeadView};
 use crate::config::{MlaConfig, ModelConfig};
@@ -44,8 +45,15 @@ pub(crate) struct MlaAttn {
     k_b: Vec<Linear>,
     /// Per local head: v_head rows of kv_lora_rank (latent result out to the value).
     v_b: Vec<Linear>,
+    /// Legacy files: the weight type whose activation format the latent is rounded
+    /// through before it is cached, as llama.cpp rounds it before decompressing.
+    latent_rounding: Option<GgmlType>,
     cfg: MlaConfig,
 }
+
+/// Room on the stack for one latent in an activation format (a legacy file's latent
+/// rounding): kv_lora_rank up to about 3,500 in Q8_0 or Q8_K.
+const LATENT_ACT_BYTES: usize = 4096;
 
 /// Scratch for one micro-batch through an MLA layer, sized at load.
 pub(crate) struct MlaScratch {
@@ -124,12 +132,56 @@ impl MlaAttn {
                 .map(|h| Linear::load_expert_rows(f, &n(name), h, dims, 0..dims[1]))
                 .collect()
         };
+        let mut latent_rounding = None;
+        let (k_b, v_b) = if mla.combined_kv_b {
+            // Legacy attn_kv_b: each head's n_nope key rows, then its v_head value rows,
+            // all kv_lora_rank wide. llama.cpp decompresses every token's key and value
+            // from its latent rounded to the weight's activation format; weft applies
+            // the key rows transposed from the query side and the value rows after
+            // attention, in f32, over the latent cached after that same rounding, so the
+            // two differ in summation order only.
+            let (name, per) = (n("attn_kv_b.weight"), mla.n_nope + mla.v_head);
+            let dims = [kvr, nh * per];
+            let ty = f.tensor(&name)?.ty;
+            if quant::vec_dot_type(ty) != GgmlType::F32 {
+                if quant::act_bytes(ty, kvr) > LATENT_ACT_BYTES {
+                    return Err(ModelError::Tensor {
+                        path: f.path().display().to_string(),
+                        tensor: name,
+                        detail: format!(
+                            "kv_lora_rank {kvr} is too wide for a legacy {ty} attn_kv_b"
+                        ),
+                    });
+                }
+                latent_rounding = Some(ty);
+            }
+            let mut k_b = Vec::with_capacity(heads.len());
+            let mut v_b = Vec::with_capacity(heads.len());
+            for h in heads.clone() {
+                let (k0, v0) = (h * per, h * per + mla.n_nope);
+                k_b.push(Linear::load_rows_f32(f, &name, dims, k0..v0, true)?);
+                v_b.push(Linear::load_rows_f32(
+                    f,
+                    &name,
+                    dims,
+                    v0..(h + 1) * per,
+                    false,
+                )?);
+            }
+            (k_b, v_b)
+        } else {
+            (
+                per_head("attn_k_b.weight", [mla.n_nope, kvr, nh])?,
+                per_head("attn_v_b.weight", [kvr, mla.v_head, nh])?,
+            )
+        };
         Ok(MlaAttn {
             q,
             kv_a: Linear::load_rows(f, &n("attn_kv_a_mqa.weight"), e, w, 0..w)?,
             kv_a_norm: load_vector(f, &n("attn_kv_a_norm.weight"), kvr)?,
-            k_b: per_head("attn_k_b.weight", [mla.n_nope, kvr, nh])?,
-            v_b: per_head("attn_v_b.weight", [kvr, mla.v_head, nh])?,
+            k_b,
+            v_b,
+            latent_rounding,
             cfg: mla,
         })
     }
@@ -192,10 +244,16 @@ impl MlaAttn {
             }
         }
         // The latent is normed, the RoPE key rotated, and both cached.
-        let kv_norm = &self.kv_a_norm;
+        let (kv_norm, rounding) = (&self.kv_a_norm, self.latent_rounding);
         for_each_row(pool, &mut s.kv, w, w, m, &|t, row| {
             let (latent, k_pe) = row.split_at_mut(kvr);
             ops::rms_norm_inplace(latent, kv_norm, eps);
+            if let Some(ty) = rounding {
+                let mut act = [0u8; LATENT_ACT_BYTES];
+                let act = &mut act[..quant::act_bytes(ty, kvr)];
+                quant::quantize_act(ty, latent, act);
+                quant::dequantize_row(quant::vec_dot_type(ty), act, latent);
+            }
             rope.apply(k_pe, row_pos[t]);
         });
         for t in 0..m {

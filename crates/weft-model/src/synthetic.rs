@@ -85,6 +85,9 @@ pub struct SyntheticMla {
     /// YaRN scaling written as DeepSeek V3's converter writes it: (factor, original
     /// context), with its log multiplier 0.1.
     pub yarn: Option<(f32, u32)>,
+    /// The legacy layout: one `attn_kv_b` and plain key/value lengths, as older
+    /// converters wrote DeepSeek files.
+    pub combined_kv_b: bool,
 }
 
 impl SyntheticSpec {
@@ -116,6 +119,7 @@ impl SyntheticSpec {
                 n_rope: 32,
                 v_head: 64,
                 yarn: None,
+                combined_kv_b: false,
             }),
             head_scale: 1.0,
         }
@@ -166,26 +170,27 @@ pub fn synthetic_model(spec: &SyntheticSpec) -> GgufWriter {
             .set_u32(&format!("{a}.attention.sliding_window_pattern"), 3);
     }
     if let Some(m) = spec.mla {
-        w.set_u32(&format!("{a}.attention.head_count_kv"), 1)
-            .set_u32(&format!("{a}.attention.q_lora_rank"), m.q_lora_rank as u32)
+        w.set_u32(&format!("{a}.attention.q_lora_rank"), m.q_lora_rank as u32)
             .set_u32(
                 &format!("{a}.attention.kv_lora_rank"),
                 m.kv_lora_rank as u32,
             )
-            .set_u32(
-                &format!("{a}.attention.key_length"),
-                (m.kv_lora_rank + m.n_rope) as u32,
-            )
-            .set_u32(
-                &format!("{a}.attention.value_length"),
-                m.kv_lora_rank as u32,
-            )
-            .set_u32(
+            .set_u32(&format!("{a}.rope.dimension_count"), m.n_rope as u32);
+        let (kv_heads, key, value) = if m.combined_kv_b {
+            (spec.n_head, m.n_nope + m.n_rope, m.v_head)
+        } else {
+            (1, m.kv_lora_rank + m.n_rope, m.kv_lora_rank)
+        };
+        w.set_u32(&format!("{a}.attention.head_count_kv"), kv_heads as u32)
+            .set_u32(&format!("{a}.attention.key_length"), key as u32)
+            .set_u32(&format!("{a}.attention.value_length"), value as u32);
+        if !m.combined_kv_b {
+            w.set_u32(
                 &format!("{a}.attention.key_length_mla"),
                 (m.n_nope + m.n_rope) as u32,
             )
-            .set_u32(&format!("{a}.attention.value_length_mla"), m.v_head as u32)
-            .set_u32(&format!("{a}.rope.dimension_count"), m.n_rope as u32);
+            .set_u32(&format!("{a}.attention.value_length_mla"), m.v_head as u32);
+        }
         if let Some((factor, orig)) = m.yarn {
             w.set_str(&format!("{a}.rope.scaling.type"), "yarn")
                 .set_f32(&format!("{a}.rope.scaling.factor"), factor)
@@ -301,8 +306,13 @@ pub fn synthetic_model(spec: &SyntheticSpec) -> GgufWriter {
                 &mut rng,
             );
             vector(&mut w, &n("attn_kv_a_norm.weight"), kvr, &mut rng, 1.0);
-            experts(&mut w, &n("attn_k_b.weight"), [m.n_nope, kvr, nh], &mut rng);
-            experts(&mut w, &n("attn_v_b.weight"), [kvr, m.v_head, nh], &mut rng);
+            if m.combined_kv_b {
+                let rows = nh * (m.n_nope + m.v_head);
+                weight(&mut w, &n("attn_kv_b.weight"), kvr, rows, &mut rng);
+            } else {
+                experts(&mut w, &n("attn_k_b.weight"), [m.n_nope, kvr, nh], &mut rng);
+                experts(&mut w, &n("attn_v_b.weight"), [kvr, m.v_head, nh], &mut rng);
+            }
         } else {
             weight(&mut w, &n("attn_q.weight"), e, spec.n_head * hd, &mut rng);
             weight(

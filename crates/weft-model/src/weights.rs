@@ -104,6 +104,44 @@ impl Linear {
         .interleaved())
     }
 
+    /// Rows `rows` of a `[n_in, n_out]` weight dequantized to f32, and transposed (`n_in`
+    /// outputs of `rows.len()` inputs) where `transposed`. For the legacy deepseek2
+    /// `attn_kv_b`, whose key rows absorbed attention applies from the query side: f32 so
+    /// that no rounding of the activations is added where llama.cpp has none.
+    pub fn load_rows_f32(
+        file: &Arc<GgufFile>,
+        name: &str,
+        [n_in, n_out]: [usize; 2],
+        rows: Range<usize>,
+        transposed: bool,
+    ) -> Result<Self, ModelError> {
+        Self::check(file, name, n_in, n_out)?;
+        let t = file.tensor(name)?;
+        let bytes = file.slice(file.row_range(t, rows.clone())?);
+        let (rb, k) = (t.row_bytes(), rows.len());
+        let mut out = vec![0f32; n_in * k];
+        let mut row = vec![0f32; n_in];
+        for i in 0..k {
+            quant::dequantize_row(t.ty, &bytes[i * rb..(i + 1) * rb], &mut row);
+            if transposed {
+                for (j, &v) in row.iter().enumerate() {
+                    out[j * k + i] = v;
+                }
+            } else {
+                out[i * n_in..(i + 1) * n_in].copy_from_slice(&row);
+            }
+        }
+        let (n_in, n_out) = if transposed { (k, n_in) } else { (n_in, k) };
+        Ok(Linear {
+            name: format!("{name}[{rows:?}]"),
+            ty: GgmlType::F32,
+            n_in,
+            n_out,
+            bytes: Bytes::Owned(quant::quantize_row(GgmlType::F32, &out)),
+            bias: None,
+        })
+    }
+
     /// The layer with its rows interleaved where this CPU's kernels read them faster so
     /// (`quant::packs`): prefill runs about twice as fast on Q4_K. The mapped pages it
     /// copied are released, so the shard's memory does not double.

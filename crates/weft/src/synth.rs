@@ -75,6 +75,9 @@ pub struct SynthArgs {
     /// deepseek2: YaRN RoPE scaling, FACTOR,ORIGINAL_CONTEXT (as DeepSeek V3's files state it).
     #[arg(long)]
     pub yarn: Option<String>,
+    /// deepseek2: the legacy layout, one attn_kv_b instead of attn_k_b and attn_v_b.
+    #[arg(long)]
+    pub combined_kv_b: bool,
     /// deepseek2: do not renormalise the chosen experts' weights.
     #[arg(long)]
     pub no_expert_weights_norm: bool,
@@ -170,6 +173,7 @@ pub fn run(a: SynthArgs) -> Result<()> {
         };
         spec.mla = Some(SyntheticMla {
             yarn,
+            combined_kv_b: a.combined_kv_b,
             q_lora_rank: a.q_lora_rank,
             kv_lora_rank: a.kv_lora_rank,
             n_nope: a.qk_nope,

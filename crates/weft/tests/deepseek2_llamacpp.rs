@@ -2,7 +2,8 @@
 //! llama.cpp, the reference: on synthetic models with and without the low-rank query,
 //! with sigmoid routing (and its selection bias) and with group-limited softmax routing,
 //! with 1 and 2 leading dense layers, with and without renormalised expert weights, with
-//! YaRN RoPE scaling, in F32, F16, Q8_0 and Q4_K_M, weft's greedy tokens
+//! YaRN RoPE scaling, in the legacy layout with one attn_kv_b, in F32, F16, Q8_0 and
+//! Q4_K_M, weft's greedy tokens
 //! must be llama-server's up to a part at a near-tie, prompts past 1,000 tokens included;
 //! a model of another seed must fail the same comparison. `weft inspect` and `weft bench`
 //! must report the MLA cache's bytes per token and the full-KV figure beside it.
@@ -11,7 +12,7 @@ mod common;
 
 use std::time::Instant;
 
-use common::llamacpp::{compare, four_types, llamacpp, synth, LlamaServer, QUANT_TOL};
+use common::llamacpp::{compare, four_types, guard_other_seed, llamacpp, synth, LlamaServer};
 use common::{greedy, ids, ok_json, weft, SYNTHETIC_TOL};
 
 /// Tokens generated per case.
@@ -20,7 +21,7 @@ const N: usize = 16;
 /// `weft synth` flags of the two models (4 heads: every row is a multiple of 32, so
 /// llama-quantize's Q4_K_M falls back to its own choice for the rows K-quants cannot
 /// hold, as it does for DeepSeek's 128-wide attn_k_b).
-const MODELS: [(&str, &[&str]); 3] = [
+const MODELS: [(&str, &[&str]); 4] = [
     (
         "lora-sigmoid",
         &[
@@ -86,6 +87,24 @@ const MODELS: [(&str, &[&str]); 3] = [
             "--no-expert-weights-norm",
             "--seed",
             "11",
+            "--head-scale",
+            "8",
+        ],
+    ),
+    // The legacy layout, one attn_kv_b per layer: llama.cpp runs it as plain multi-head
+    // attention over decompressed keys and values, weft absorbed over the latent cache.
+    (
+        "legacy-kv-b",
+        &[
+            "--arch",
+            "deepseek2",
+            "--layers",
+            "3",
+            "--heads",
+            "4",
+            "--combined-kv-b",
+            "--seed",
+            "13",
             "--head-scale",
             "8",
         ],
@@ -161,23 +180,9 @@ fn deepseek2_matches_llamacpp() {
     let seed_at = other_dims.iter().position(|a| *a == "--seed").unwrap() + 1;
     other_dims[seed_at] = "43";
     let other = synth(dir.path(), "other-f32", "F32", &other_dims);
-    let server = LlamaServer::start(&bin, &first);
-    for (label, prompt) in &prompts {
-        let run = greedy(other.to_str().unwrap(), prompt, N, &[]);
-        let llama = server.greedy(&ids(&run, "prompt_ids"), N);
-        match compare(&run, &llama, QUANT_TOL) {
-            Ok(a) => failures.push(format!(
-                "guard {label}: weft on seed 43 passed as llama.cpp on seed 42 ({} equal tokens)",
-                a.prefix
-            )),
-            Err(e) => {
-                let case = format!("guard: seed 43 vs 42, {label}");
-                let why = e.lines().next().unwrap_or_default();
-                table.push(format!("{case:<52} fails as it must: {why}"));
-            }
-        }
-    }
-    drop(server);
+    let (rows, failed) = guard_other_seed(&bin, &first, &other, &prompts, N, 52);
+    table.extend(rows);
+    failures.extend(failed);
 
     println!("weft against llama.cpp on deepseek2, agreeing greedy tokens:");
     for row in &table {

@@ -80,8 +80,9 @@ fn expert_parallel_layouts_match_one_node() {
 }
 
 /// deepseek2 in two variants: Q8_0 with a low-rank query, sigmoid routing with its bias
-/// and one dense layer first; F16 with a plain query, softmax routing limited to 2 of 4
-/// groups, scaled weights and two dense layers first. Both with a shared expert.
+/// and one dense layer first; F16 in the legacy attn_kv_b layout with a plain query,
+/// softmax routing limited to 2 of 4 groups, scaled weights and two dense layers first.
+/// Both with a shared expert.
 fn deepseek2_spec(ty: GgmlType, seed: u64) -> SyntheticSpec {
     let mut s = SyntheticSpec::small(Arch::DeepSeek2, ty);
     s.n_layer = 4;
@@ -98,6 +99,7 @@ fn deepseek2_spec(ty: GgmlType, seed: u64) -> SyntheticSpec {
         });
         s.mla = Some(SyntheticMla {
             q_lora_rank: 0,
+            combined_kv_b: true,
             ..s.mla.expect("deepseek2 has MLA")
         });
     } else {
@@ -226,18 +228,29 @@ fn broken_spec(
 #[test]
 fn bad_deepseek2_metadata_is_a_clear_error() {
     let dir = tempfile::tempdir().unwrap();
-    let spec = deepseek2_spec(GgmlType::F16, 5);
-    let case = |name: &str, key: &'static str, v: GgufValue| {
-        let p = broken_spec(dir.path(), name, &spec, |w| {
+    // Q8_0: the absorbed layout; F16: the legacy attn_kv_b layout.
+    let (absorbed, legacy) = (
+        deepseek2_spec(GgmlType::Q8_0, 5),
+        deepseek2_spec(GgmlType::F16, 5),
+    );
+    let spec_case = |spec: &SyntheticSpec, name: &str, key: &'static str, v: GgufValue| {
+        let p = broken_spec(dir.path(), name, spec, |w| {
             w.set(key, v);
         });
         (p, key)
     };
+    let case = |name: &str, key: &'static str, v: GgufValue| spec_case(&absorbed, name, key, v);
     let cases = [
         case(
             "kv.gguf",
             "deepseek2.attention.head_count_kv",
             GgufValue::U32(2),
+        ),
+        spec_case(
+            &legacy,
+            "legacy-kv.gguf",
+            "deepseek2.attention.head_count_kv",
+            GgufValue::U32(1),
         ),
         case(
             "gating.gguf",

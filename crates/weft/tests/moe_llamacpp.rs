@@ -7,7 +7,9 @@ mod common;
 
 use std::time::Instant;
 
-use common::llamacpp::{compare, four_types, llamacpp, split, synth, LlamaServer, QUANT_TOL};
+use common::llamacpp::{
+    compare, four_types, guard_other_seed, llamacpp, split, synth, LlamaServer,
+};
 use common::{greedy, ids};
 
 /// Tokens generated per case.
@@ -109,23 +111,9 @@ fn qwen3moe_matches_llamacpp() {
     // small F32 model, on any prompt, even at the loosest tolerance.
     let small = dir.path().join("small-f32.gguf");
     let other = synth(dir.path(), "other-f32", "F32", &["--seed", "43"]);
-    let server = LlamaServer::start(&bin, &small);
-    for (label, prompt) in &prompts {
-        let run = greedy(other.to_str().unwrap(), prompt, N, &[]);
-        let llama = server.greedy(&ids(&run, "prompt_ids"), N);
-        match compare(&run, &llama, QUANT_TOL) {
-            Ok(a) => failures.push(format!(
-                "guard {label}: weft on seed 43 passed as llama.cpp on seed 42 ({} equal tokens)",
-                a.prefix
-            )),
-            Err(e) => {
-                let case = format!("guard: seed 43 vs 42, {label}");
-                let why = e.lines().next().unwrap_or_default();
-                table.push(format!("{case:<42} fails as it must: {why}"));
-            }
-        }
-    }
-    drop(server);
+    let (rows, failed) = guard_other_seed(&bin, &small, &other, &prompts, N, 42);
+    table.extend(rows);
+    failures.extend(failed);
 
     println!("weft against llama.cpp, agreeing greedy tokens:");
     for row in &table {

@@ -289,3 +289,34 @@ pub fn four_types(
         ),
     ]
 }
+
+/// The guard that shows a comparison can fail: weft on `other` (a model of seed 43) must
+/// part from llama-server on `reference` (seed 42) beyond the loosest tolerance, on every
+/// prompt. Returns the table rows (labels padded to `width`) and the failures.
+pub fn guard_other_seed(
+    bin: &Path,
+    reference: &Path,
+    other: &Path,
+    prompts: &[(&'static str, String)],
+    n: usize,
+    width: usize,
+) -> (Vec<String>, Vec<String>) {
+    let (mut table, mut failures) = (Vec::new(), Vec::new());
+    let server = LlamaServer::start(bin, reference);
+    for (label, prompt) in prompts {
+        let run = super::greedy(other.to_str().unwrap(), prompt, n, &[]);
+        let llama = server.greedy(&ids(&run, "prompt_ids"), n);
+        match compare(&run, &llama, QUANT_TOL) {
+            Ok(a) => failures.push(format!(
+                "guard {label}: weft on seed 43 passed as llama.cpp on seed 42 ({} equal tokens)",
+                a.prefix
+            )),
+            Err(e) => {
+                let case = format!("guard: seed 43 vs 42, {label}");
+                let why = e.lines().next().unwrap_or_default();
+                table.push(format!("{case:<width$} fails as it must: {why}"));
+            }
+        }
+    }
+    (table, failures)
+}
