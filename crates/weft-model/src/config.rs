@@ -474,19 +474,36 @@ fn rope_scaling(f: &GgufFile, arch: Arch, arch_name: &str) -> Result<RopeScaling
         }
     };
     let deepseek = arch == Arch::DeepSeek2;
+    // A factor of 0 means none (llama.cpp reads it so); below 1 would shrink the context.
+    let factor = || -> Result<f32, GgufError> {
+        match f.get_f32_or(&k("rope.scaling.factor"), 1.0)? {
+            0.0 => Ok(1.0),
+            v if v.is_finite() && v >= 1.0 => Ok(v),
+            v => Err(bad(
+                k("rope.scaling.factor"),
+                format!("{v} must be a finite number >= 1 (0: none)"),
+            )),
+        }
+    };
     let kind = f.get(&k("rope.scaling.type")).and_then(|v| v.as_str());
     let (freq_scale, yarn) = match kind {
         Some("none") | None => (1.0, None),
-        Some("linear") => (1.0 / positive("rope.scaling.factor", 1.0)?, None),
+        Some("linear") => (1.0 / factor()?, None),
         Some("yarn") if deepseek => {
+            // A 0 or absent original context is the training context, as in llama.cpp.
             let n_ctx_train = f.get_u64_or(&k("context_length"), 4096)?;
-            let orig = f.get_u64_or(&k("rope.scaling.original_context_length"), n_ctx_train)?;
+            let orig = match f.get_u64_or(&k("rope.scaling.original_context_length"), 0)? {
+                0 => n_ctx_train,
+                c => c,
+            };
+            // llama.cpp's deepseek2 keeps YaRN's default betas whatever the file says
+            // (Kimi K2's files state others); weft follows it so both rotate alike.
             let ramp = YarnRamp {
                 n_ctx_orig: orig as usize,
-                beta_fast: positive("rope.scaling.yarn_beta_fast", 32.0)?,
-                beta_slow: positive("rope.scaling.yarn_beta_slow", 1.0)?,
+                beta_fast: 32.0,
+                beta_slow: 1.0,
             };
-            (1.0 / positive("rope.scaling.factor", 1.0)?, Some(ramp))
+            (1.0 / factor()?, Some(ramp))
         }
         Some(other) => {
             return Err(bad(

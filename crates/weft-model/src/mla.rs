@@ -51,8 +51,8 @@ pub(crate) struct MlaAttn {
     cfg: MlaConfig,
 }
 
-/// Room on the stack for one latent in an activation format (a legacy file's latent
-/// rounding): kv_lora_rank up to about 3,500 in Q8_0 or Q8_K.
+/// Room on the stack for one latent in an 8-bit activation format (a legacy file's
+/// latent rounding): kv_lora_rank up to about 3,500 in Q8_0 or Q8_K.
 const LATENT_ACT_BYTES: usize = 4096;
 
 /// Scratch for one micro-batch through an MLA layer, sized at load.
@@ -136,25 +136,18 @@ impl MlaAttn {
         let (k_b, v_b) = if mla.combined_kv_b {
             // Legacy attn_kv_b: each head's n_nope key rows, then its v_head value rows,
             // all kv_lora_rank wide. llama.cpp decompresses every token's key and value
-            // from its latent rounded to the weight's activation format; weft applies
-            // the key rows transposed from the query side and the value rows after
-            // attention, in f32, over the latent cached after that same rounding, so the
-            // two differ in summation order only.
-            let (name, per) = (n("attn_kv_b.weight"), mla.n_nope + mla.v_head);
-            let dims = [kvr, nh * per];
-            let ty = f.tensor(&name)?.ty;
-            if quant::vec_dot_type(ty) != GgmlType::F32 {
-                if quant::act_bytes(ty, kvr) > LATENT_ACT_BYTES {
-                    return Err(ModelError::Tensor {
-                        path: f.path().display().to_string(),
-                        tensor: name,
-                        detail: format!(
-                            "kv_lora_rank {kvr} is too wide for a legacy {ty} attn_kv_b"
-                        ),
-                    });
-                }
-                latent_rounding = Some(ty);
-            }
+            // from its latent rounded to the weight's activation format (F16/BF16, or
+            // the 8-bit dot type); weft applies the key rows transposed from the query
+            // side and the value rows after attention, in f32, over the latent cached
+            // after that same rounding, so the two differ in summation order only.
+            let name = n("attn_kv_b.weight");
+            let too_large = || ModelError::Tensor {
+                path: f.path().display().to_string(),
+                tensor: name.clone(),
+                detail: "key and value lengths too large".into(),
+            };
+            let per = mla.n_nope.checked_add(mla.v_head).ok_or_else(too_large)?;
+            let dims = [kvr, nh.checked_mul(per).ok_or_else(too_large)?];
             let mut k_b = Vec::with_capacity(heads.len());
             let mut v_b = Vec::with_capacity(heads.len());
             for h in heads.clone() {
@@ -168,6 +161,16 @@ impl MlaAttn {
                     false,
                 )?);
             }
+            // The shape is checked: kv_lora_rank is a whole number of the type's blocks.
+            let ty = f.tensor(&name)?.ty;
+            if quant::act_bytes(ty, kvr) > LATENT_ACT_BYTES {
+                return Err(ModelError::Tensor {
+                    path: f.path().display().to_string(),
+                    tensor: name,
+                    detail: format!("kv_lora_rank {kvr} is too wide for a legacy {ty} attn_kv_b"),
+                });
+            }
+            latent_rounding = Some(ty);
             (k_b, v_b)
         } else {
             (
@@ -249,10 +252,8 @@ impl MlaAttn {
             let (latent, k_pe) = row.split_at_mut(kvr);
             ops::rms_norm_inplace(latent, kv_norm, eps);
             if let Some(ty) = rounding {
-                let mut act = [0u8; LATENT_ACT_BYTES];
-                let act = &mut act[..quant::act_bytes(ty, kvr)];
-                quant::quantize_act(ty, latent, act);
-                quant::dequantize_row(quant::vec_dot_type(ty), act, latent);
+                let mut scratch = [0u8; LATENT_ACT_BYTES];
+                quant::round_as_activation(ty, latent, &mut scratch);
             }
             rope.apply(k_pe, row_pos[t]);
         });

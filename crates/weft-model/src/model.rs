@@ -354,11 +354,13 @@ impl Model {
                 cfg.rope_yarn,
                 cfg.rope_mscale,
             ),
+            // Sliding-window layers are not frequency-scaled (llama.cpp's
+            // rope_freq_scale_train_swa stays 1 for Gemma 3's linear-scaled files).
             rope_local: Rope::scaled(
                 cfg.rope_style,
                 cfg.n_rot,
                 cfg.rope_base_swa,
-                cfg.rope_freq_scale,
+                1.0,
                 None,
                 cfg.rope_mscale,
             ),

@@ -100,6 +100,27 @@ pub fn quantize_act(w: GgmlType, x: &[f32], dst: &mut [u8]) {
     }
 }
 
+/// Rounds `x` in place as ggml rounds a matmul's activations for weights of type `w`:
+/// to F16 or BF16 for those weights (ggml converts its input to their type), through the
+/// 8-bit dot type for quantized ones, not at all for F32. `scratch` holds at least
+/// `act_bytes(w, x.len())` bytes. No allocation.
+pub fn round_as_activation(w: GgmlType, x: &mut [f32], scratch: &mut [u8]) {
+    match w {
+        GgmlType::F32 => {}
+        GgmlType::F16 => x
+            .iter_mut()
+            .for_each(|v| *v = half::f16::from_f32(*v).to_f32()),
+        GgmlType::BF16 => x
+            .iter_mut()
+            .for_each(|v| *v = half::bf16::from_f32(*v).to_f32()),
+        _ => {
+            let act = &mut scratch[..act_bytes(w, x.len())];
+            quantize_act(w, x, act);
+            scalar::dequantize_row(vec_dot_type(w), act, x);
+        }
+    }
+}
+
 /// Dequantize one row (`dst.len()` values) of type `ty` from `src`.
 pub fn dequantize_row(ty: GgmlType, src: &[u8], dst: &mut [f32]) {
     let len = row_bytes(ty, dst.len());

@@ -918,3 +918,36 @@ fn interleaved_rows_match_scalar_and_a_token_alone() {
         }
     }
 }
+
+#[test]
+fn activations_round_as_ggml_rounds_them_per_weight_type() {
+    let x: Vec<f32> = (0..256)
+        .map(|i| ((i * 37 % 101) as f32 - 50.0) / 7.3)
+        .collect();
+    let mut scratch = vec![0u8; 1024];
+    let mut got = x.clone();
+    round_as_activation(G::F32, &mut got, &mut scratch);
+    assert_eq!(got, x, "F32 weights take f32 activations");
+    for (ty, round) in [
+        (
+            G::F16,
+            (|v| half::f16::from_f32(v).to_f32()) as fn(f32) -> f32,
+        ),
+        (G::BF16, |v| half::bf16::from_f32(v).to_f32()),
+    ] {
+        let mut got = x.clone();
+        round_as_activation(ty, &mut got, &mut scratch);
+        let want: Vec<f32> = x.iter().map(|&v| round(v)).collect();
+        assert_eq!(got, want, "{ty}");
+    }
+    for ty in [G::Q8_0, G::Q4_K] {
+        let mut got = x.clone();
+        round_as_activation(ty, &mut got, &mut scratch);
+        let mut act = vec![0u8; act_bytes(ty, x.len())];
+        quantize_act(ty, &x, &mut act);
+        let mut want = vec![0f32; x.len()];
+        dequantize_row(vec_dot_type(ty), &act, &mut want);
+        assert_eq!(got, want, "{ty}");
+        assert_ne!(got, x, "{ty}: 8-bit levels round");
+    }
+}
