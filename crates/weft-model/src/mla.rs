@@ -190,11 +190,12 @@ impl MlaAttn {
     }
 
     pub fn linears(&self) -> impl Iterator<Item = &Linear> {
-        let q: Vec<&Linear> = match &self.q {
-            QueryProj::Plain(w) => vec![w],
-            QueryProj::LowRank { a, b, .. } => vec![a, b],
+        let (q, q_b) = match &self.q {
+            QueryProj::Plain(w) => (w, None),
+            QueryProj::LowRank { a, b, .. } => (a, Some(b)),
         };
-        q.into_iter()
+        std::iter::once(q)
+            .chain(q_b)
             .chain(std::iter::once(&self.kv_a))
             .chain(self.k_b.iter())
             .chain(self.v_b.iter())

@@ -494,25 +494,40 @@ impl MoeFfn {
             self.prefill(pool, xn, o, acts, tile, s, e, m);
         }
         if let Some(x) = &self.shared_expert {
-            let ff = x.gate.n_out;
-            linears_of_one_input(
-                pool,
-                xn,
-                e,
-                m,
-                &mut [(&x.gate, &mut s.g[..]), (&x.up, &mut s.u[..])],
-                acts,
-                tile,
-            );
-            let (up, gelu) = (&s.u, self.gelu);
-            for_each_chunk(pool, &mut s.g[..m * ff], 64, &|r, g| {
-                ops::gated_activation(g, &up[r], gelu)
-            });
-            linear(pool, &x.down, &s.g, ff, m, &mut s.eo, e, acts, tile);
+            self.run_expert(pool, x, xn, m, acts, tile, s);
             for_each_chunk(pool, &mut o[..m * e], 64, &|r, d| {
                 d.iter_mut().zip(&s.eo[r]).for_each(|(d, v)| *d += v)
             });
         }
+    }
+
+    /// `x`'s SwiGLU FFN on the `m` rows of `rows` into `s.eo` (through `s.g` and `s.u`).
+    #[allow(clippy::too_many_arguments)]
+    fn run_expert(
+        &self,
+        pool: &ThreadPool,
+        x: &Expert,
+        rows: &[f32],
+        m: usize,
+        acts: &mut [u8],
+        tile: &mut [f32],
+        s: &mut MoeScratch,
+    ) {
+        let (e, ff) = (x.gate.n_in, x.gate.n_out);
+        linears_of_one_input(
+            pool,
+            rows,
+            e,
+            m,
+            &mut [(&x.gate, &mut s.g[..]), (&x.up, &mut s.u[..])],
+            acts,
+            tile,
+        );
+        let (up, gelu) = (&s.u, self.gelu);
+        for_each_chunk(pool, &mut s.g[..m * ff], 64, &|r, g| {
+            ops::gated_activation(g, &up[r], gelu)
+        });
+        linear(pool, &x.down, &s.g, ff, m, &mut s.eo, e, acts, tile);
     }
 
     /// Several rows: each held expert runs once on the rows routed to it, gathered.
@@ -540,21 +555,9 @@ impl MoeFfn {
                 let row = row as usize;
                 s.xe[i * e..(i + 1) * e].copy_from_slice(&xn[row * e..(row + 1) * e]);
             }
-            let ff = self.n_ff_local;
-            linears_of_one_input(
-                pool,
-                &s.xe,
-                e,
-                cnt,
-                &mut [(&x.gate, &mut s.g[..]), (&x.up, &mut s.u[..])],
-                acts,
-                tile,
-            );
-            let (up, gelu) = (&s.u, self.gelu);
-            for_each_chunk(pool, &mut s.g[..cnt * ff], 64, &|r, g| {
-                ops::gated_activation(g, &up[r], gelu)
-            });
-            linear(pool, &x.down, &s.g, ff, cnt, &mut s.eo, e, acts, tile);
+            let xe = std::mem::take(&mut s.xe);
+            self.run_expert(pool, x, &xe, cnt, acts, tile, s);
+            s.xe = xe;
             for (i, &(row, w)) in s.order[a..b].iter().enumerate() {
                 let row = row as usize;
                 let (dst, src) = (&mut o[row * e..(row + 1) * e], &s.eo[i * e..(i + 1) * e]);

@@ -99,18 +99,20 @@ pub fn run(a: SynthArgs) -> Result<()> {
         .find(|t| t.name().eq_ignore_ascii_case(&a.weight_type))
         .ok_or_else(|| anyhow!("--type {}: not a weight type weft writes", a.weight_type))?;
     let bs = ty.block_size();
-    for (flag, n) in [
+    let whole_blocks = |dims: &[(&str, usize)]| -> Result<()> {
+        match dims.iter().find(|(_, n)| *n == 0 || !n.is_multiple_of(bs)) {
+            Some((flag, n)) => Err(anyhow!(
+                "{flag} {n} must be a positive multiple of {ty}'s block of {bs}"
+            )),
+            None => Ok(()),
+        }
+    };
+    whole_blocks(&[
         ("--embd", a.embd),
         ("--ff", a.ff),
         ("--expert-ff", a.expert_ff),
         ("--heads x --head-dim", a.heads * a.head_dim),
-    ] {
-        if n == 0 || !n.is_multiple_of(bs) {
-            return Err(anyhow!(
-                "{flag} {n} must be a positive multiple of {ty}'s block of {bs}"
-            ));
-        }
-    }
+    ])?;
     let mut spec = SyntheticSpec::small(arch, ty);
     spec.n_embd = a.embd;
     spec.n_layer = a.layers;
@@ -143,17 +145,11 @@ pub fn run(a: SynthArgs) -> Result<()> {
         });
     }
     if arch == Arch::DeepSeek2 {
-        for (flag, n) in [
+        whole_blocks(&[
             ("--kv-lora-rank", a.kv_lora_rank),
             ("--qk-nope", a.qk_nope),
             ("--heads x --v-head", a.heads * a.v_head),
-        ] {
-            if n == 0 || !n.is_multiple_of(bs) {
-                return Err(anyhow!(
-                    "{flag} {n} must be a positive multiple of {ty}'s block of {bs}"
-                ));
-            }
-        }
+        ])?;
         if !a.q_lora_rank.is_multiple_of(bs) || a.qk_rope == 0 || !a.qk_rope.is_multiple_of(2) {
             return Err(anyhow!(
                 "--q-lora-rank {} must be a multiple of {bs} (0: plain attn_q); --qk-rope {} \
