@@ -2,13 +2,17 @@
 # Shard sharing over real links: the coordinator in the root namespace, two nodes each in
 # its own network namespace (veth pairs on a bridge, 10.79.0.0/24) with an empty weft home.
 # Reports, in one run:
-#   1. the link's TCP bandwidth (one stream, 1 GiB, Python sockets) beside the rate at
-#      which a node fetched its shard (the whole model, one node) over the same link,
-#      alternated ROUNDS times (default 5), the median ratio reported;
+#   1. the link's TCP bandwidth (one stream, 1 GiB, Python sockets, the bytes dropped),
+#      the rate at which a plain receiver stores the model file sent over it, and the
+#      rate at which a node fetched its shard (the whole model, one node) over the same
+#      link, alternated ROUNDS times (default 5), the median ratio reported;
 #   2. the time to the first token of a cold two-node cluster (TP=2, each node fetching
 #      only its shard) beside one whose nodes first copy the whole file over the same
 #      links (both copies at once, as a user would start them) and then load it.
 # Usage: scripts/share-bench.sh MODEL.gguf   (needs root: ip netns)
+# LINK_RATE=10gbit (any tc rate) shapes the links to a real network's rate. Unshaped, a
+# veth pair moves bytes as fast as the CPUs copy them, so on a small machine the link
+# test and the fetch compete for the same cores and the link is the CPU, not a network.
 set -euo pipefail
 MODEL=${1:?usage: $0 MODEL.gguf}
 WEFT=${WEFT:-$(dirname "$0")/../target/release/weft}
@@ -33,11 +37,14 @@ for i in 1 2; do
   ip netns exec wsn$i ip addr add 10.79.0.$((i + 1))/24 dev eth0
   ip netns exec wsn$i ip link set eth0 up
   ip netns exec wsn$i ip link set lo up
+  # LINK_RATE=10gbit shapes each link (a token bucket on the bridge's side, toward the
+  # node) to a real network's rate; unset, the veth runs as fast as the CPUs copy.
+  [ -n "${LINK_RATE:-}" ] && tc qdisc add dev wsv$i root tbf rate "$LINK_RATE" burst 4mb latency 100ms
 done
 CAL="${WEFT_HOME:-$HOME/.cache/weft}/calibration"
 home() { mkdir -p "$WORK/$1/calibration"; cp -r "$CAL"/. "$WORK/$1/calibration/" 2>/dev/null || true; echo "$WORK/$1"; }
 echo "cpu: $(lscpu | sed -n 's/^Model name: *//p')"
-echo "model: $MODEL ($(stat -c %s "$MODEL") bytes)"
+echo "model: $MODEL ($(stat -c %s "$MODEL") bytes); links: ${LINK_RATE:-unshaped veth}"
 
 # 1. Link bandwidth: 1 GiB over one TCP stream into namespace 1.
 cat > "$WORK/sink.py" <<'EOF'
@@ -46,11 +53,14 @@ s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
 s.bind((sys.argv[1], int(sys.argv[2]))); s.listen(1)
 c, _ = s.accept(); n = 0
 out = open(sys.argv[3], "wb") if len(sys.argv) > 3 else None
+# One reused buffer: recv() would allocate (and fault in) a fresh megabyte per call,
+# which on this VM costs more than the link and made the link look slower than it is.
+buf = memoryview(bytearray(1 << 20))
 while True:
-    b = c.recv(1 << 20)
-    if not b: break
-    n += len(b)
-    if out: out.write(b)
+    k = c.recv_into(buf)
+    if not k: break
+    n += k
+    if out: out.write(buf[:k])
 print(n)
 EOF
 cat > "$WORK/send.py" <<'EOF'
@@ -61,11 +71,12 @@ if sys.argv[3] == "zeros":
     buf = bytes(1 << 20); n = 0
     while n < (1 << 30): c.sendall(buf); n += len(buf)
 else:
-    with open(sys.argv[3], "rb") as f:
+    buf = memoryview(bytearray(1 << 20))
+    with open(sys.argv[3], "rb", buffering=0) as f:
         while True:
-            b = f.read(1 << 20)
-            if not b: break
-            c.sendall(b)
+            k = f.readinto(buf)
+            if not k: break
+            c.sendall(buf[:k])
 c.shutdown(socket.SHUT_WR); c.recv(1)
 print(time.time() - t)
 EOF
@@ -87,29 +98,44 @@ link() {
   wait
   python3 -c "print(f'{(1<<30)/$secs/1e6:.0f}')"
 }
+# The same link carrying the model file to a plain receiver that only stores it on the
+# node's disk (no protocol, no hashing): what storing alone leaves of the link's rate.
+plain_store() {
+  ip netns exec wsn1 python3 "$WORK/sink.py" 10.79.0.2 9002 "$WORK/plain.bin" > /dev/null &
+  sleep 0.5
+  local secs; secs=$(python3 "$WORK/send.py" 10.79.0.2 9002 "$MODEL")
+  wait
+  rm -f "$WORK/plain.bin"; sync
+  python3 -c "print(f'{$(stat -c %s "$MODEL")/$secs/1e6:.0f}')"
+}
 
 # 1. Link bandwidth (1 GiB, one TCP stream into namespace 1) and one node fetching the
 # whole model over it from an empty cache, alternated ROUNDS times (default 5); the
 # median of the ratios is the figure. Each round's cache is deleted before the next, so
 # every round writes into memory the system has had before (on a VM, pages touched for
 # the first time cost the host a fault each, which no real machine pays).
-RATIOS=()
+RATIOS=(); PLAINS=()
 for round in $(seq "${ROUNDS:-5}"); do
   LINK=$(link)
+  PLAIN=$(plain_store)
   A=$(node 1 "$(home solo)")
   OUT=$(run "$A" --tp 1)
   R=$(echo "$OUT" | python3 -c "
 import json, sys
 f = json.load(sys.stdin)['fetched'][0]
 mb = f['fetched_bytes'] / f['seconds'] / 1e6
-print(f\"{100 * mb / $LINK:.1f} round $round: link $LINK MB/s; fetch {f['fetched_bytes']} bytes in {f['seconds']:.2f}s = {mb:.0f} MB/s, {100 * mb / $LINK:.0f} % of the link\")")
-  echo "${R#* }"
+print(f\"{100 * mb / $LINK:.1f} {100 * mb / $PLAIN:.1f} round $round: link $LINK MB/s, plain store $PLAIN MB/s; fetch {f['fetched_bytes']} bytes in {f['seconds']:.2f}s = {mb:.0f} MB/s, {100 * mb / $LINK:.0f} % of the link, {100 * mb / $PLAIN:.0f} % of the plain store\")")
+  R1=${R#* }
+  echo "${R1#* }"
   RATIOS+=("${R%% *}")
+  PLAINS+=("${R1%% *}")
   stop_nodes
   # The next round starts on a quiet disk: this round's dirty pages written back first.
   rm -rf "$WORK/solo"; sync
 done
-echo "fetch/link over ${#RATIOS[@]} rounds: median $(printf '%s\n' "${RATIOS[@]}" | sort -n | awk '{a[NR]=$1} END{print a[int((NR+1)/2)]}') %, best $(printf '%s\n' "${RATIOS[@]}" | sort -n | tail -1) %"
+median() { printf '%s\n' "$@" | sort -n | awk '{a[NR]=$1} END{print a[int((NR+1)/2)]}'; }
+echo "fetch/link over ${#RATIOS[@]} rounds: median $(median "${RATIOS[@]}") %, best $(printf '%s\n' "${RATIOS[@]}" | sort -n | tail -1) %"
+echo "fetch/plain store over ${#PLAINS[@]} rounds: median $(median "${PLAINS[@]}") %"
 
 # 2a. Cold TP=2: each node fetches only its shard. Wall time of the whole run, and setup.
 A=$(node 1 "$(home cold1)"); B=$(node 2 "$(home cold2)")
