@@ -302,9 +302,8 @@ fn time_each(
 
 /// Weight bytes x tokens per second of what a dense layer of `ty` runs at `shape`: the
 /// interleaved layout where `ty` is interleaved on this CPU, else the path in force (the
-/// scalar one where no SIMD path exists), timed on `buf` as the candidates are. (A MoE
-/// model's experts keep ggml's layout; at decode, the only shape they are planned at, the
-/// two layouts stream alike, as `weft bench --kernels` shows.)
+/// scalar one where no SIMD path exists), timed on `buf` as the candidates are. A MoE
+/// model's routed experts are interleaved alike (where their widths are whole groups).
 pub fn time_chosen(
     pool: &ThreadPool,
     ty: GgmlType,

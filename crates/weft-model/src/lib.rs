@@ -16,6 +16,8 @@ pub mod local_batch;
 pub mod memory;
 mod mla;
 pub mod model;
+#[cfg(test)]
+mod model_tests;
 mod moe;
 pub mod request;
 mod rows;

@@ -377,6 +377,16 @@ impl Model {
         })
     }
 
+    /// Every layer's linear layers, routed experts included (tests of their layout).
+    #[cfg(test)]
+    pub(crate) fn layer_linears(&self) -> impl Iterator<Item = &Linear> {
+        self.layers.iter().flat_map(|l| {
+            std::iter::once(&l.wo)
+                .chain(l.attn.linears())
+                .chain(l.ffn.linears())
+        })
+    }
+
     pub fn file(&self) -> &Arc<GgufFile> {
         &self.file
     }

@@ -251,35 +251,37 @@ impl MoeFfn {
         );
         let shared_expert = load_shared_expert(f, il, cfg, moe, shard)?;
         let cols = shard.expert_ffn.clone();
-        let experts = shard
-            .experts
-            .clone()
-            .map(|x| {
-                Ok(Expert {
-                    gate: Linear::load_expert_rows(
-                        f,
-                        &n("ffn_gate_exps.weight"),
-                        x,
-                        [e, ff, ne],
-                        cols.clone(),
-                    )?,
-                    up: Linear::load_expert_rows(
-                        f,
-                        &n("ffn_up_exps.weight"),
-                        x,
-                        [e, ff, ne],
-                        cols.clone(),
-                    )?,
-                    down: Linear::load_expert_cols(
-                        f,
-                        &n("ffn_down_exps.weight"),
-                        x,
-                        [ff, e, ne],
-                        cols.clone(),
-                    )?,
-                })
+        // Experts are interleaved as dense layers are (prefill's expert matmuls run the
+        // packed tiles) where decode's row space, every chosen expert's rows end to end,
+        // then stays cut at groups: both widths whole groups.
+        let group = quant::pack::GROUP_ROWS;
+        let pack = cols.len().is_multiple_of(group) && e.is_multiple_of(group);
+        let laid = |l: Linear| if pack { l.interleaved() } else { l };
+        let experts = load_experts(shard.experts.clone(), &|x| {
+            Ok(Expert {
+                gate: laid(Linear::load_expert_rows(
+                    f,
+                    &n("ffn_gate_exps.weight"),
+                    x,
+                    [e, ff, ne],
+                    cols.clone(),
+                )?),
+                up: laid(Linear::load_expert_rows(
+                    f,
+                    &n("ffn_up_exps.weight"),
+                    x,
+                    [e, ff, ne],
+                    cols.clone(),
+                )?),
+                down: laid(Linear::load_expert_cols(
+                    f,
+                    &n("ffn_down_exps.weight"),
+                    x,
+                    [ff, e, ne],
+                    cols.clone(),
+                )?),
             })
-            .collect::<Result<Vec<_>, ModelError>>()?;
+        })?;
         let groups = &shard.expert_groups;
         let holders: Vec<Vec<usize>> = (0..ne)
             .map(|x| {
@@ -348,6 +350,36 @@ impl MoeFfn {
     fn router_bytes(&self) -> usize {
         self.router.w.len() * 4
     }
+}
+
+/// Loads experts `xs` with `one`, in order, spread over the machine's cores: where
+/// experts are interleaved, each is copied and reordered byte by byte, and a large MoE
+/// model holds tens of thousands of them (too small each for the packer's own threads).
+fn load_experts(
+    xs: std::ops::Range<usize>,
+    one: &(dyn Fn(usize) -> Result<Expert, ModelError> + Sync),
+) -> Result<Vec<Expert>, ModelError> {
+    let threads = std::thread::available_parallelism()
+        .map_or(1, |n| n.get())
+        .min(xs.len())
+        .max(1);
+    let per = xs.len().div_ceil(threads);
+    std::thread::scope(|s| {
+        let handles: Vec<_> = (0..threads)
+            .map(|t| {
+                let r = xs.start + t * per..(xs.start + (t + 1) * per).min(xs.end);
+                s.spawn(move || r.map(one).collect::<Result<Vec<_>, _>>())
+            })
+            .collect();
+        let mut out = Vec::with_capacity(xs.len());
+        for h in handles {
+            let part = h
+                .join()
+                .map_err(|_| ModelError::Invalid("a thread loading experts panicked".into()))?;
+            out.extend(part?);
+        }
+        Ok(out)
+    })
 }
 
 /// Layer `il`'s shared experts (`ffn_*_shexp`, `n_shared x n_ff_exp` columns), this
@@ -668,7 +700,10 @@ impl MoeFfn {
             SendPtr::new(s.u.as_mut_ptr()),
         );
         let experts = &self.experts;
-        pool.for_ranges(n * 2 * ff, 4, &|r| {
+        // Ranges start at a group of rows, as interleaved experts need (ff and e are
+        // whole groups where experts are interleaved: `load`).
+        let align = quant::pack::GROUP_ROWS;
+        pool.for_ranges(n * 2 * ff, align, &|r| {
             for_segments(r, ff, |seg, i0, i1| {
                 let (slot, half) = (seg / 2, seg % 2);
                 let x = &experts[slots[slot]];
@@ -680,8 +715,7 @@ impl MoeFfn {
                 // SAFETY: segment `seg` rows i0..i1 map to this task's own slots of g or u.
                 let out =
                     unsafe { std::slice::from_raw_parts_mut(p.get().add(slot * ff + i0), i1 - i0) };
-                debug_assert!(!w.is_interleaved(), "experts keep ggml's layout");
-                quant::matvec(w.ty, w.n_in, w.bytes(), i0..i1, act, out);
+                w.rows_into(i0..i1, act, out);
             })
         });
         for i in 0..n {
@@ -702,21 +736,13 @@ impl MoeFfn {
         }
         let acts = &*acts;
         let ep = SendPtr::new(s.eo.as_mut_ptr());
-        pool.for_ranges(n * e, 4, &|r| {
+        pool.for_ranges(n * e, align, &|r| {
             for_segments(r, e, |slot, i0, i1| {
                 let w = &experts[slots[slot]].down;
-                debug_assert!(!w.is_interleaved(), "experts keep ggml's layout");
                 // SAFETY: rows i0..i1 of expert slot `slot` are this task's alone.
                 let out =
                     unsafe { std::slice::from_raw_parts_mut(ep.get().add(slot * e + i0), i1 - i0) };
-                quant::matvec(
-                    w.ty,
-                    w.n_in,
-                    w.bytes(),
-                    i0..i1,
-                    &acts[slot * ab_d..(slot + 1) * ab_d],
-                    out,
-                );
+                w.rows_into(i0..i1, &acts[slot * ab_d..(slot + 1) * ab_d], out);
             })
         });
         for (i, &j) in slots.iter().enumerate() {

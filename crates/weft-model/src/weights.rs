@@ -145,7 +145,7 @@ impl Linear {
     /// The layer with its rows interleaved where this CPU's kernels read them faster so
     /// (`quant::packs`): prefill runs about twice as fast on Q4_K. The mapped pages it
     /// copied are released, so the shard's memory does not double.
-    fn interleaved(mut self) -> Self {
+    pub(crate) fn interleaved(mut self) -> Self {
         if !quant::packs(self.ty, self.n_in) {
             return self;
         }
@@ -244,8 +244,7 @@ impl Linear {
         })
     }
 
-    /// The weight bytes: rows in ggml's layout, or interleaved when [`Self::is_interleaved`]
-    /// (experts never are: they load through `load_expert_*`).
+    /// The weight bytes: rows in ggml's layout, or interleaved when [`Self::is_interleaved`].
     pub fn bytes(&self) -> &[u8] {
         match &self.bytes {
             Bytes::Mapped { file, range } => file.slice(range.clone()),
@@ -299,6 +298,14 @@ impl Linear {
             (false, 1) => quant::matvec(ty, n, w, r, acts, out),
             (false, _) => quant::matmul(ty, n, w, r, acts, m, out, out_stride),
         }
+    }
+
+    /// Rows `rows` times one quantized input into `out` (one per row), in whichever layout
+    /// the rows are; where they are interleaved, `rows.start` starts a group
+    /// (`quant::pack::GROUP_ROWS`).
+    pub fn rows_into(&self, rows: Range<usize>, act: &[u8], out: &mut [f32]) {
+        let len = rows.len();
+        self.rows_times(self.bytes(), rows, act, 1, out, len);
     }
 
     /// y = W x for one quantized input (decode).

@@ -1,0 +1,80 @@
+//! Tests of a whole `Model` that reach below its public face: the layout its layers
+//! loaded in, against what their forward passes must then give.
+
+use std::sync::Arc;
+
+use weft_gguf::{GgmlType, GgufFile};
+use weft_kernels::{quant, ThreadPool};
+
+use crate::batch::SeqSpan;
+use crate::collective::Identity;
+use crate::config::{Arch, ModelConfig};
+use crate::model::Model;
+use crate::shard::ShardSpec;
+use crate::synthetic::{synthetic_model, SyntheticSpec};
+use crate::weights::Linear;
+
+/// Where this CPU interleaves Q8_0 rows, routed experts are interleaved as dense
+/// layers are, and a token then gives the same bits alone (decode's path through the
+/// chosen experts) as beside another sequence's token (prefill's gathered path).
+#[test]
+fn a_token_alone_equals_its_row_in_a_batch_through_interleaved_experts() {
+    let spec = SyntheticSpec::small(Arch::Qwen3Moe, GgmlType::Q8_0);
+    let bytes = synthetic_model(&spec).to_bytes();
+    let file = Arc::new(GgufFile::from_bytes("moe.gguf", bytes).unwrap());
+    let cfg = ModelConfig::from_gguf(&file).unwrap();
+    let shard = ShardSpec::full(&cfg);
+    let mut model = Model::load(file, shard, 8).unwrap();
+    let packs = quant::packs(GgmlType::Q8_0, cfg.n_embd);
+    let experts: Vec<&Linear> = model
+        .layer_linears()
+        .filter(|w| w.name.contains("_exps"))
+        .collect();
+    assert_eq!(experts.len(), cfg.n_layer * 8 * 3);
+    for w in &experts {
+        assert_eq!(w.is_interleaved(), packs, "{}", w.name);
+    }
+    if !packs {
+        eprintln!("this CPU has no VNNI form: experts keep ggml's layout, bits not compared");
+        return;
+    }
+    let pool = ThreadPool::new(2);
+    let span = |cache, n_tokens| SeqSpan {
+        cache,
+        n_tokens,
+        logits: true,
+    };
+    let step = |model: &mut Model, caches: &mut Vec<_>, tokens: &[u32], spans: &[SeqSpan]| {
+        let mut out = Vec::new();
+        model
+            .forward_batch(tokens, spans, caches, &mut Identity, &pool, &mut out)
+            .unwrap();
+        out
+    };
+    let n_v = spec.n_vocab();
+    // Alone: sequence 0's prompt, then one token by itself.
+    let mut caches = vec![model.new_cache(64)];
+    step(&mut model, &mut caches, &[5, 9, 13, 40], &[span(0, 4)]);
+    let alone = step(&mut model, &mut caches, &[20], &[span(0, 1)]);
+    // Batched: the same, beside another sequence's token in one step.
+    let mut caches = vec![model.new_cache(64), model.new_cache(64)];
+    step(&mut model, &mut caches, &[5, 9, 13, 40], &[span(0, 4)]);
+    step(&mut model, &mut caches, &[7, 8, 100], &[span(1, 3)]);
+    let both = step(
+        &mut model,
+        &mut caches,
+        &[20, 21],
+        &[span(0, 1), span(1, 1)],
+    );
+    assert_eq!(alone.len(), n_v);
+    assert!(alone.iter().all(|v| v.is_finite()));
+    let same = alone
+        .iter()
+        .zip(&both[..n_v])
+        .all(|(a, b)| a.to_bits() == b.to_bits());
+    assert!(same, "the batched row differs from the token alone");
+    assert!(
+        alone.iter().zip(&both[n_v..]).any(|(a, b)| a != b),
+        "the other sequence's row is not its own"
+    );
+}
