@@ -42,8 +42,7 @@
 
 use weft_gguf::GgmlType;
 
-use super::blocks::{scale_min_k4, Q6_K_D, Q6_K_SCALES};
-use super::scalar::{level_q6_k, levels_q4_0, levels_q5_0};
+use super::blocks::{scale_min_k4, Q6_K_D, Q6_K_QH, Q6_K_SCALES};
 
 /// Rows in one interleaved group.
 pub const GROUP_ROWS: usize = 8;
@@ -153,17 +152,28 @@ fn place_legacy(w: GgmlType, o: &mut [u8], r: usize, block: &[u8]) {
     // Where a format's nibbles start (after d, and Q5_0's plane of fifth bits).
     let nibbles = if w == GgmlType::Q5_0 { 48 } else { 16 };
     o[2 * r..2 * r + 2].copy_from_slice(&block[0..2]);
-    let q = unsigned_levels(w, block);
+    // The offset makes every stored level ggml's own unsigned one, so each 4-byte run
+    // is a copy of ggml's bytes (Q8_0's with the sign bit flipped): packing at load
+    // runs at copy speed, not value by value.
     if w == GgmlType::Q8_0 {
-        for (k, &l) in q.iter().enumerate() {
-            o[16 + 32 * (k / 4) + 4 * r + k % 4] = l;
+        for v in 0..8 {
+            let src: [u8; 4] = std::array::from_fn(|i| block[2 + 4 * v + i] ^ 0x80);
+            o[16 + 32 * v + 4 * r..][..4].copy_from_slice(&src);
         }
         return;
     }
-    put_nibble_pairs(&mut o[nibbles..], r, &q);
+    // Q4_0/Q5_0: byte j of qs holds value j in its low nibble and j + 16 in its high
+    // one, which is the nibble pair load h wants for j = 4h + i.
+    let qs = &block[if w == GgmlType::Q5_0 { 6 } else { 2 }..][..16];
+    for h in 0..4 {
+        o[nibbles + 32 * h + 4 * r..][..4].copy_from_slice(&qs[4 * h..4 * h + 4]);
+    }
     if w == GgmlType::Q5_0 {
+        // Fifth bits: bit v of byte i is value 4v + i's, bit 4v + i of qh.
+        let qh = u32::from_le_bytes([block[2], block[3], block[4], block[5]]);
         for i in 0..4 {
-            o[16 + 4 * r + i] = (0..8).fold(0u8, |acc, v| acc | (((q[4 * v + i] >> 4) & 1) << v));
+            o[16 + 4 * r + i] =
+                (0..8).fold(0u8, |acc, v| acc | ((((qh >> (4 * v + i)) & 1) as u8) << v));
         }
     }
 }
@@ -177,16 +187,6 @@ fn put_nibble_pairs(dst: &mut [u8], r: usize, q: &[u8]) {
             dst[32 * h + 4 * r + i] = lo | (hi << 4);
         }
     }
-}
-
-/// The levels of a 32-value block plus [`legacy_offset`]: 0..16, 0..32 or 0..256.
-fn unsigned_levels(w: GgmlType, block: &[u8]) -> [u8; 32] {
-    let signed: [i8; 32] = match w {
-        GgmlType::Q4_0 => levels_q4_0(block),
-        GgmlType::Q5_0 => levels_q5_0(block),
-        _ => std::array::from_fn(|k| block[2 + k] as i8),
-    };
-    signed.map(|l| (l as i32 + legacy_offset(w)) as u8)
 }
 
 /// Runs `f(index, block)` on every `gb`-byte group block of `out`, on as many threads as
@@ -331,7 +331,23 @@ fn place_q6k(o: &mut [u8], r: usize, block: &[u8]) {
     for s in 0..16 {
         o[Q6K_OFF_SCALES + 8 * s + r] = block[Q6_K_SCALES + s];
     }
-    let q: [u8; 256] = std::array::from_fn(|k| level_q6_k(block, k));
+    // The 256 levels in ggml's order: per half of 128, low nibbles of ql's first and
+    // second 32 bytes, then their high nibbles, each with its two bits of qh.
+    let mut q = [0u8; 256];
+    for half in 0..2 {
+        let (ql, qh) = (
+            &block[64 * half..][..64],
+            &block[Q6_K_QH + 32 * half..][..32],
+        );
+        let out = &mut q[128 * half..][..128];
+        for l in 0..32 {
+            let (a, b, h) = (ql[l], ql[32 + l], qh[l]);
+            out[l] = (a & 0xF) | ((h & 3) << 4);
+            out[32 + l] = (b & 0xF) | (((h >> 2) & 3) << 4);
+            out[64 + l] = (a >> 4) | (((h >> 4) & 3) << 4);
+            out[96 + l] = (b >> 4) | ((h >> 6) << 4);
+        }
+    }
     for j in 0..8 {
         let q = &q[32 * j..][..32];
         put_nibble_pairs(&mut o[Q6K_OFF_LOW + 128 * j..], r, q);
