@@ -98,6 +98,12 @@ pub trait PartialData: Send + Sync {
         rows: Range<usize>,
         cols: Range<usize>,
     ) -> Result<Vec<u8>, String>;
+    /// Whether this copy only records what a loader asks for (a dry run learning a
+    /// shard's pieces before they are fetched): its bytes are placeholders, so work on
+    /// them, such as interleaving rows, is skipped.
+    fn records_only(&self) -> bool {
+        false
+    }
 }
 
 /// An open GGUF model: one file, or every part of one split by llama.cpp's gguf-split.
@@ -355,6 +361,12 @@ impl GgufFile {
     /// Routes tensor data reads through `p`: this file is a partial copy.
     pub fn set_partial(&mut self, p: Arc<dyn PartialData>) {
         self.partial = Some(p);
+    }
+
+    /// Whether this is a dry run's copy, whose tensor bytes are placeholders
+    /// ([`PartialData::records_only`]).
+    pub fn records_only(&self) -> bool {
+        self.partial.as_ref().is_some_and(|p| p.records_only())
     }
 
     /// Whether tensor data reads go through a partial copy's checks.

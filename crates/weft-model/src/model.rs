@@ -37,6 +37,15 @@ struct Layer {
     window: Option<usize>,
 }
 
+impl Layer {
+    /// Every linear layer: the attention's, its output projection, the FFN's or experts'.
+    fn linears(&self) -> impl Iterator<Item = &Linear> {
+        std::iter::once(&self.wo)
+            .chain(self.attn.linears())
+            .chain(self.ffn.linears())
+    }
+}
+
 /// A layer's attention up to its output projection: grouped-query heads with their own
 /// keys and values, or latent attention (deepseek2).
 enum Attn {
@@ -308,11 +317,7 @@ impl Model {
         let widest_out = e.max(q_local).max(ff_local).max(kv_local).max(mla_widest);
         let act_row = layers
             .iter()
-            .flat_map(|l| {
-                std::iter::once(&l.wo)
-                    .chain(l.attn.linears())
-                    .chain(l.ffn.linears())
-            })
+            .flat_map(Layer::linears)
             .chain(head.iter())
             .map(|w| w.act_bytes())
             .max()
@@ -380,11 +385,7 @@ impl Model {
     /// Every layer's linear layers, routed experts included (tests of their layout).
     #[cfg(test)]
     pub(crate) fn layer_linears(&self) -> impl Iterator<Item = &Linear> {
-        self.layers.iter().flat_map(|l| {
-            std::iter::once(&l.wo)
-                .chain(l.attn.linears())
-                .chain(l.ffn.linears())
-        })
+        self.layers.iter().flat_map(Layer::linears)
     }
 
     pub fn file(&self) -> &Arc<GgufFile> {

@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use weft_gguf::{GgmlType, GgufFile};
+use weft_gguf::{GgmlType, GgufFile, PartialData, TensorInfo};
 use weft_kernels::{quant, ThreadPool};
 
 use crate::batch::SeqSpan;
@@ -11,7 +11,7 @@ use crate::collective::Identity;
 use crate::config::{Arch, ModelConfig};
 use crate::model::Model;
 use crate::shard::ShardSpec;
-use crate::synthetic::{synthetic_model, SyntheticSpec};
+use crate::synthetic::{synthetic_model, SyntheticMoe, SyntheticSpec};
 use crate::weights::Linear;
 
 /// Where this CPU interleaves Q8_0 rows, routed experts are interleaved as dense
@@ -19,7 +19,10 @@ use crate::weights::Linear;
 /// chosen experts) as beside another sequence's token (prefill's gathered path).
 #[test]
 fn a_token_alone_equals_its_row_in_a_batch_through_interleaved_experts() {
-    let spec = SyntheticSpec::small(Arch::Qwen3Moe, GgmlType::Q8_0);
+    let mut spec = SyntheticSpec::small(Arch::Qwen3Moe, GgmlType::Q8_0);
+    // Six of eight experts a token: two tokens share at least four, so the batched step
+    // runs experts over two gathered rows, not only one each.
+    spec.moe = Some(SyntheticMoe::routed(8, 6, 128));
     let bytes = synthetic_model(&spec).to_bytes();
     let file = Arc::new(GgufFile::from_bytes("moe.gguf", bytes).unwrap());
     let cfg = ModelConfig::from_gguf(&file).unwrap();
@@ -38,7 +41,9 @@ fn a_token_alone_equals_its_row_in_a_batch_through_interleaved_experts() {
         eprintln!("this CPU has no VNNI form: experts keep ggml's layout, bits not compared");
         return;
     }
-    let pool = ThreadPool::new(2);
+    // Three threads cut the experts' rows where a 4-row alignment would leave a range
+    // inside a group of eight.
+    let pool = ThreadPool::new(3);
     let span = |cache, n_tokens| SeqSpan {
         cache,
         n_tokens,
@@ -77,4 +82,47 @@ fn a_token_alone_equals_its_row_in_a_batch_through_interleaved_experts() {
         alone.iter().zip(&both[n_v..]).any(|(a, b)| a != b),
         "the other sequence's row is not its own"
     );
+}
+
+/// A dry run's loader only records what a shard reads.
+struct RecordsOnly;
+
+impl PartialData for RecordsOnly {
+    fn check(&self, _r: std::ops::Range<usize>) -> Result<(), String> {
+        Ok(())
+    }
+
+    fn columns(
+        &self,
+        _index: usize,
+        t: &TensorInfo,
+        rows: std::ops::Range<usize>,
+        cols: std::ops::Range<usize>,
+    ) -> Result<Vec<u8>, String> {
+        Ok(vec![
+            0;
+            rows.len() * cols.len() / t.ty.block_size()
+                * t.ty.type_size()
+        ])
+    }
+
+    fn records_only(&self) -> bool {
+        true
+    }
+}
+
+/// A dry run (a node learning which pieces its shard reads before fetching them) packs
+/// nothing: its bytes are placeholders, and packing a whole shard of them would cost its
+/// memory and time before the fetch.
+#[test]
+fn a_dry_run_interleaves_nothing() {
+    let spec = SyntheticSpec::small(Arch::Qwen3Moe, GgmlType::Q8_0);
+    let bytes = synthetic_model(&spec).to_bytes();
+    let mut file = GgufFile::from_bytes("moe.gguf", bytes).unwrap();
+    let cfg = ModelConfig::from_gguf(&file).unwrap();
+    file.set_partial(Arc::new(RecordsOnly));
+    let model = Model::load(Arc::new(file), ShardSpec::full(&cfg), 8).unwrap();
+    let n = model.layer_linears().count();
+    assert!(n >= cfg.n_layer * (4 + 8 * 3), "{n} linear layers");
+    assert!(model.layer_linears().all(|w| !w.is_interleaved()));
 }

@@ -256,7 +256,7 @@ impl MoeFfn {
         // then stays cut at groups: both widths whole groups.
         let group = quant::pack::GROUP_ROWS;
         let pack = cols.len().is_multiple_of(group) && e.is_multiple_of(group);
-        let laid = |l: Linear| if pack { l.interleaved() } else { l };
+        let laid = |l: Linear| if pack { l.interleaved(f) } else { l };
         let experts = load_experts(shard.experts.clone(), &|x| {
             Ok(Expert {
                 gate: laid(Linear::load_expert_rows(
@@ -371,11 +371,19 @@ fn load_experts(
                 s.spawn(move || r.map(one).collect::<Result<Vec<_>, _>>())
             })
             .collect();
+        // Every thread joined before any error returns: the scope would otherwise
+        // re-raise a later thread's panic in place of the error.
+        let parts: Vec<_> = handles.into_iter().map(|h| h.join()).collect();
         let mut out = Vec::with_capacity(xs.len());
-        for h in handles {
-            let part = h
-                .join()
-                .map_err(|_| ModelError::Invalid("a thread loading experts panicked".into()))?;
+        for part in parts {
+            let part = part.map_err(|p| {
+                let why = p
+                    .downcast_ref::<String>()
+                    .map(String::as_str)
+                    .or_else(|| p.downcast_ref::<&str>().copied())
+                    .unwrap_or("no message");
+                ModelError::Invalid(format!("a thread loading experts panicked: {why}"))
+            })?;
             out.extend(part?);
         }
         Ok(out)

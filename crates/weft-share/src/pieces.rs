@@ -91,6 +91,10 @@ impl PartialData for Recorder {
         }
         Ok(vec![0; bytes])
     }
+
+    fn records_only(&self) -> bool {
+        true
+    }
 }
 
 impl Manifest {
