@@ -20,11 +20,45 @@ fn rank_child() {
     }
 }
 
+/// Addresses for `n` ranks to bind, on ports below the kernel's ephemeral range: a port
+/// the kernel handed out for `:0` and this function let go could be taken, before the
+/// rank binds it, by an outgoing connection of a test running meanwhile (a rank then
+/// never joins, and the group fails to form instead of testing what it should). Each
+/// port is bindable when picked; the picks start at a place spread by process, time and
+/// call, so tests running at once pick apart.
 fn free_addrs(n: usize) -> Vec<String> {
-    let ls: Vec<TcpListener> = (0..n)
-        .map(|_| TcpListener::bind("127.0.0.1:0").unwrap())
-        .collect();
-    ls.iter()
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static CALLS: AtomicU64 = AtomicU64::new(0);
+    const FIRST: u64 = 10_000;
+    let ephemeral = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|s| s.split_whitespace().next()?.parse::<u64>().ok())
+        .unwrap_or(32_768);
+    if ephemeral < FIRST + 1_000 {
+        // No room below it: the kernel's own pick.
+        let ls: Vec<TcpListener> = (0..n)
+            .map(|_| TcpListener::bind("127.0.0.1:0").unwrap())
+            .collect();
+        return ls
+            .iter()
+            .map(|l| l.local_addr().unwrap().to_string())
+            .collect();
+    }
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.subsec_nanos() as u64);
+    let mut at = u64::from(std::process::id()) * 7_919
+        + nanos
+        + CALLS.fetch_add(1, Ordering::Relaxed) * 104_729;
+    let mut held = Vec::new();
+    while held.len() < n {
+        let port = FIRST + at % (ephemeral - FIRST);
+        at += 7_919;
+        if let Ok(l) = TcpListener::bind(("127.0.0.1", port as u16)) {
+            held.push(l);
+        }
+    }
+    held.iter()
         .map(|l| l.local_addr().unwrap().to_string())
         .collect()
 }
