@@ -18,37 +18,27 @@ use common::{greedy, ids, ok_json, weft, SYNTHETIC_TOL};
 /// Tokens generated per case.
 const N: usize = 16;
 
-/// `weft synth` flags of the two models (4 heads: every row is a multiple of 32, so
+/// `weft synth` flags of the four models, after `COMMON` (4 heads: every row is a multiple of 32, so
 /// llama-quantize's Q4_K_M falls back to its own choice for the rows K-quants cannot
 /// hold, as it does for DeepSeek's 128-wide attn_k_b).
 const MODELS: [(&str, &[&str]); 4] = [
     (
         "lora-sigmoid",
         &[
-            "--arch",
-            "deepseek2",
             "--layers",
             "3",
-            "--heads",
-            "4",
             "--leading-dense",
             "1",
             "--gating",
             "sigmoid",
             "--seed",
             "42",
-            "--head-scale",
-            "8",
         ],
     ),
     (
         "plain-softmax-groups",
         &[
-            "--arch",
-            "deepseek2",
             "--layers",
-            "4",
-            "--heads",
             "4",
             "--q-lora-rank",
             "0",
@@ -66,8 +56,6 @@ const MODELS: [(&str, &[&str]); 4] = [
             "2.5",
             "--seed",
             "7",
-            "--head-scale",
-            "8",
         ],
     ),
     // YaRN as DeepSeek V3's files state it (4x over an original context of 256, log
@@ -76,40 +64,29 @@ const MODELS: [(&str, &[&str]); 4] = [
     (
         "yarn",
         &[
-            "--arch",
-            "deepseek2",
             "--layers",
             "3",
-            "--heads",
-            "4",
             "--yarn",
             "4,256",
             "--no-expert-weights-norm",
             "--seed",
             "11",
-            "--head-scale",
-            "8",
         ],
     ),
     // The legacy layout, one attn_kv_b per layer: llama.cpp runs it as plain multi-head
     // attention over decompressed keys and values, weft absorbed over the latent cache.
     (
         "legacy-kv-b",
-        &[
-            "--arch",
-            "deepseek2",
-            "--layers",
-            "3",
-            "--heads",
-            "4",
-            "--combined-kv-b",
-            "--seed",
-            "13",
-            "--head-scale",
-            "8",
-        ],
+        &["--layers", "3", "--combined-kv-b", "--seed", "13"],
     ),
 ];
+
+/// Flags every model shares, before its own (`flags`).
+const COMMON: [&str; 6] = ["--arch", "deepseek2", "--heads", "4", "--head-scale", "8"];
+
+fn flags(own: &[&'static str]) -> Vec<&'static str> {
+    COMMON.iter().chain(own).copied().collect()
+}
 
 fn prompts() -> [(&'static str, String); 3] {
     // 170 word pairs: past 1,000 tokens in the synthetic vocabulary.
@@ -135,8 +112,8 @@ fn deepseek2_matches_llamacpp() {
     let prompts = prompts();
     let mut table = Vec::new();
     let mut failures = Vec::new();
-    for (name, dims) in MODELS {
-        let files = four_types(&bin, dir.path(), name, dims);
+    for (name, own) in MODELS {
+        let files = four_types(&bin, dir.path(), name, &flags(own));
         for (ty, model, tol) in files {
             let server = LlamaServer::start(&bin, &model);
             for (label, prompt) in &prompts {
@@ -176,7 +153,7 @@ fn deepseek2_matches_llamacpp() {
 
     // The comparison can fail: weft on a model of another seed is not llama.cpp.
     let first = dir.path().join("lora-sigmoid-f32.gguf");
-    let mut other_dims = MODELS[0].1.to_vec();
+    let mut other_dims = flags(MODELS[0].1);
     let seed_at = other_dims.iter().position(|a| *a == "--seed").unwrap() + 1;
     other_dims[seed_at] = "43";
     let other = synth(dir.path(), "other-f32", "F32", &other_dims);
