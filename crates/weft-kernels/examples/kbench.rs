@@ -167,6 +167,11 @@ fn bench_matvec(rng: &mut Rng, ty: GgmlType, n: usize, rows: usize, reps: usize)
             .iter()
             .map(|m| quant::pack_rows(ty, n, m, rows))
             .collect();
+        let hot = median_secs(reps, || {
+            quant::matvec_packed(ty, n, &packed[0], 0..rows, &act, &mut out);
+            black_box(&out);
+        });
+        report("hot-interleaved", hot);
         let mut i = 0;
         let cold = median_secs(reps.max(copies), || {
             i = (i + 1) % copies;

@@ -7,7 +7,9 @@
 //! the same rounds and reported beside the row layout's paths. It is the one models run,
 //! so it is what `time_chosen` (the planner's speeds) measures. Whether to interleave is
 //! not a timed choice: it changes the float order of a row's sum, and a choice that timing
-//! noise could flip would let two processes on one machine part at near-ties.
+//! noise could flip would let two processes on one machine part at near-ties. Whether
+//! interleaved rows prefetch in software is (the bits are the same): on an Intel core it
+//! paid, on Zen 4 it cost a fifth of decode's speed.
 
 use std::time::Instant;
 
@@ -19,7 +21,7 @@ use crate::quant::{self};
 use crate::{roofline, ThreadPool};
 
 /// Bumped whenever a kernel changes, so timings cached under an older one are retaken.
-pub const REVISION: u32 = 10;
+pub const REVISION: u32 = 11;
 
 /// Values per weight row in the timed matrices: a common hidden size, and a short one for
 /// `Shape::DecodeShort` (Gemma 3 270M's 640, or 512 where blocks hold 256 values).
@@ -51,10 +53,14 @@ pub struct Choice {
     pub tokens: usize,
     pub timed: Vec<Timed>,
     pub chosen: Path,
-    /// The interleaved layout's timing, where the type is interleaved on this CPU (its
-    /// `path` is the VNNI form it runs); then it, not `chosen`, serves dense layers.
+    /// The interleaved layout's timings, where the type is interleaved on this CPU: its
+    /// `path` is the VNNI form it runs, with software prefetch or without (both are timed
+    /// where few tokens share a group). Then the layout, not `chosen`, serves dense
+    /// layers, with the prefetch of `interleaved_chosen`.
     #[serde(default)]
-    pub interleaved: Option<Timed>,
+    pub interleaved: Vec<Timed>,
+    #[serde(default)]
+    pub interleaved_chosen: Option<Path>,
 }
 
 /// Everything measured: the ceilings and every choice.
@@ -63,7 +69,8 @@ pub struct Report {
     pub threads: usize,
     /// Read bandwidth of one stream per thread, bytes/s.
     pub bandwidth_bytes_per_s: f64,
-    /// Peak integer dot-product rate of the AVX2 instructions (see `roofline`).
+    /// Peak integer dot-product rate of the byte-dot instruction the kernels use here
+    /// (see `roofline`).
     pub peak_int8_ops_per_s: Option<f64>,
     pub choices: Vec<Choice>,
 }
@@ -152,11 +159,11 @@ pub const NOISE: f64 = 0.03;
 const MATRIX_BYTES: usize = 1 << 20;
 
 /// What one timing runs: a path on rows in ggml's layout (None: the scalar one), or the
-/// interleaved layout (the same rows packed).
+/// interleaved layout (the same rows packed), with software prefetch allowed or not.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub enum Variant {
     Rows(Option<Path>),
-    Interleaved,
+    Interleaved { prefetch: bool },
 }
 
 /// Seconds of one pass of `variant` over the whole buffer (`w` in ggml's layout, `packed`
@@ -190,8 +197,8 @@ fn time_once(
             match variant {
                 Variant::Rows(path) if m == 1 => quant::matvec_on(path, ty, n, w, r, acts, o),
                 Variant::Rows(path) => quant::matmul_on(path, ty, n, w, r, acts, m, o, stride),
-                Variant::Interleaved => {
-                    quant::matmul_packed(ty, n, packed, r, acts, m, o, stride);
+                Variant::Interleaved { prefetch } => {
+                    quant::matmul_packed_on(prefetch, ty, n, packed, r, acts, m, o, stride);
                 }
             }
         });
@@ -232,9 +239,12 @@ fn time_each(
     // The matrix repeats one row, so its interleaved form repeats one group: packed
     // once and copied. Timing only that layout, it takes `buf` itself (no second copy of
     // a buffer sized to outgrow the caches); else a buffer of its own.
-    let group = match variants.contains(&Variant::Interleaved) {
-        true => quant::pack_rows(ty, n, &buf[..rows.min(8) * rb], rows.min(8)),
-        false => Vec::new(),
+    let interleaved = variants
+        .iter()
+        .find(|v| matches!(v, Variant::Interleaved { .. }));
+    let group = match interleaved {
+        Some(_) => quant::pack_rows(ty, n, &buf[..rows.min(8) * rb], rows.min(8)),
+        None => Vec::new(),
     };
     let rows_layout = variants.iter().any(|v| matches!(v, Variant::Rows(_)));
     let mut own = Vec::new();
@@ -269,17 +279,8 @@ fn time_each(
     let bufs = (w, packed);
     // One untimed pass first: page faults and cold caches belong to no candidate.
     time_once(pool, (ty, n), first, bufs, rows, &acts, m, &mut out);
-    if !group.is_empty() && first != Variant::Interleaved {
-        time_once(
-            pool,
-            (ty, n),
-            Variant::Interleaved,
-            bufs,
-            rows,
-            &acts,
-            m,
-            &mut out,
-        );
+    if let Some(&v) = interleaved.filter(|&&v| v != first) {
+        time_once(pool, (ty, n), v, bufs, rows, &acts, m, &mut out);
     }
     for _ in 0..rounds.max(1) {
         for (i, &v) in variants.iter().enumerate() {
@@ -312,7 +313,9 @@ pub fn time_chosen(
     buf: &mut [u8],
 ) -> Option<f64> {
     let variant = if quant::packs(ty, width_of(ty, shape)) {
-        Variant::Interleaved
+        Variant::Interleaved {
+            prefetch: select::packed_prefetch(ty, shape),
+        }
     } else {
         Variant::Rows(select::chosen(ty, shape))
     };
@@ -334,14 +337,26 @@ pub fn time_candidates(
     let m = tokens_of(shape);
     let mut variants: Vec<Variant> = paths.iter().map(|&p| Variant::Rows(Some(p))).collect();
     let packed_path = quant::packed_path().filter(|_| quant::packs(ty, width_of(ty, shape)));
-    if packed_path.is_some() {
-        variants.push(Variant::Interleaved);
-    }
+    // Interleaved rows prefetch only while few tokens share a group (prefill never):
+    // there both are timed, the guess (prefetch) first.
+    let packed: Vec<Path> = packed_path.map_or(Vec::new(), |p| {
+        let tries: &[bool] = match shape {
+            Shape::Prefill => &[true],
+            _ => &[true, false],
+        };
+        tries
+            .iter()
+            .map(|&prefetch| Path { prefetch, ..p })
+            .collect()
+    });
+    variants.extend(packed.iter().map(|p| Variant::Interleaved {
+        prefetch: p.prefetch,
+    }));
     let mut timed: Vec<Timed> = time_each(pool, ty, shape, &variants, (rounds, Keep::Best), buf)
         .into_iter()
-        .zip(paths.iter().map(Some).chain([None]))
-        .map(|((bytes_per_s, ops_per_s), path)| Timed {
-            path: path.or(packed_path.as_ref()).copied().unwrap_or(first),
+        .zip(paths.iter().chain(&packed))
+        .map(|((bytes_per_s, ops_per_s), &path)| Timed {
+            path,
             bytes_per_s,
             ops_per_s,
         })
@@ -349,31 +364,29 @@ pub fn time_candidates(
     if timed.is_empty() {
         return None;
     }
-    let interleaved = packed_path.and_then(|_| timed.pop());
-    // The first candidate (the fixed guess) stays unless another beats it by more than
-    // the timing noise: on a shared machine a tie is decided by chance otherwise.
-    let best = timed
-        .iter()
-        .max_by(|a, b| a.bytes_per_s.total_cmp(&b.bytes_per_s))
-        .map_or(first, |t| t.path);
-    let rate = |p: Path| {
-        timed
-            .iter()
-            .find(|t| t.path == p)
-            .map_or(0.0, |t| t.bytes_per_s)
-    };
-    let chosen = if rate(best) > rate(first) * (1.0 + NOISE) {
-        best
-    } else {
-        first
-    };
+    let interleaved = timed.split_off(paths.len().min(timed.len()));
     Some(Choice {
         ty: ty.name().to_string(),
         shape,
         tokens: m,
+        chosen: fastest_or_guess(&timed).unwrap_or(first),
         timed,
-        chosen,
+        interleaved_chosen: fastest_or_guess(&interleaved),
         interleaved,
+    })
+}
+
+/// The fastest of `timed`, unless it beats the first (the fixed guess) by no more than
+/// the timing noise: on a shared machine a tie is decided by chance otherwise.
+fn fastest_or_guess(timed: &[Timed]) -> Option<Path> {
+    let first = timed.first()?;
+    let best = timed
+        .iter()
+        .max_by(|a, b| a.bytes_per_s.total_cmp(&b.bytes_per_s))?;
+    Some(if best.bytes_per_s > first.bytes_per_s * (1.0 + NOISE) {
+        best.path
+    } else {
+        first.path
     })
 }
 
@@ -413,10 +426,13 @@ pub fn apply(report: &Report) -> usize {
         .choices
         .iter()
         .filter(|c| {
-            GgmlType::WEIGHT_TYPES
-                .iter()
-                .find(|t| t.name() == c.ty)
-                .is_some_and(|&t| select::choose(t, c.shape, c.chosen))
+            let Some(&t) = GgmlType::WEIGHT_TYPES.iter().find(|t| t.name() == c.ty) else {
+                return false;
+            };
+            if let Some(p) = c.interleaved_chosen {
+                select::choose_packed_prefetch(t, c.shape, p.prefetch);
+            }
+            select::choose(t, c.shape, c.chosen)
         })
         .count()
 }
@@ -459,12 +475,21 @@ mod tests {
                         assert!(c.timed.iter().all(|t| t.ops_per_s > 0.0));
                         // The interleaved layout is timed exactly where it is used.
                         let n = width_of(ty, shape);
-                        assert_eq!(
-                            c.interleaved.is_some(),
-                            quant::packs(ty, n),
-                            "{ty} {shape:?}"
-                        );
-                        assert!(c.interleaved.as_ref().is_none_or(|t| t.ops_per_s > 0.0));
+                        let packs = quant::packs(ty, n);
+                        assert_eq!(c.interleaved_chosen.is_some(), packs, "{ty} {shape:?}");
+                        // Prefetch and not where few tokens share a group, else only
+                        // the first.
+                        let tries = match (packs, shape) {
+                            (false, _) => 0,
+                            (true, Shape::Prefill) => 1,
+                            (true, _) => 2,
+                        };
+                        assert_eq!(c.interleaved.len(), tries, "{ty} {shape:?}");
+                        assert!(c.interleaved.iter().all(|t| t.ops_per_s > 0.0));
+                        if let Some(p) = c.interleaved_chosen {
+                            assert!(c.interleaved.iter().any(|t| t.path == p));
+                            assert_eq!(select::packed_prefetch(ty, shape), p.prefetch);
+                        }
                         assert_eq!(select::chosen(ty, shape), Some(c.chosen));
                     }
                 }

@@ -42,27 +42,28 @@ pub fn sum_words(w: &[u64]) -> u64 {
 }
 
 /// Integer dot-product operations per second (a byte product summed counts two, a
-/// multiply and an add) of the pool's threads running the 256-bit `vpmaddubsw` +
-/// `vpmaddwd` pair the AVX2 kernels use, from registers only: the compute ceiling for
-/// prefill. None where the CPU has no AVX2.
+/// multiply and an add) of the pool's threads running the byte-dot instruction the
+/// quantized kernels use here (`quant::dot_peak_probe`: a VNNI `vpdpbusd` where one runs,
+/// else the AVX2 pair), from registers only: the compute ceiling for prefill. None where
+/// the SIMD kernels do not run.
 pub fn peak_int8_ops(pool: &ThreadPool) -> Option<f64> {
-    #[cfg(target_arch = "x86_64")]
-    if is_x86_feature_detected!("avx2") {
-        const ITERS: usize = 2_000_000;
-        let mut best = 0f64;
-        for _ in 0..3 {
-            let t = Instant::now();
-            pool.run(pool.n_threads(), &|_| {
-                // SAFETY: AVX2 was just detected.
-                std::hint::black_box(unsafe { x86::madd_loop(ITERS) });
-            });
-            let secs = t.elapsed().as_secs_f64();
-            best = best.max(x86::OPS_PER_ITER * ITERS as f64 * pool.n_threads() as f64 / secs);
-        }
-        return Some(best);
+    const ITERS: usize = 2_000_000;
+    let ops_per_iter = crate::quant::dot_peak_probe(1)?.0;
+    let mut best = 0f64;
+    for _ in 0..3 {
+        let t = Instant::now();
+        pool.run(pool.n_threads(), &|_| {
+            crate::quant::dot_peak_probe(ITERS);
+        });
+        let secs = t.elapsed().as_secs_f64();
+        best = best.max(ops_per_iter * ITERS as f64 * pool.n_threads() as f64 / secs);
     }
-    let _ = pool;
-    None
+    Some(best)
+}
+
+/// The instruction [`peak_int8_ops`] runs on this CPU, for reports.
+pub fn peak_int8_instruction() -> Option<&'static str> {
+    crate::quant::dot_peak_probe(0).map(|p| p.1)
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -96,33 +97,6 @@ mod x86 {
             .chain(tail)
             .fold(0u64, |a, &x| a.wrapping_add(x))
     }
-
-    /// Independent chains: enough to cover the pair's latency at two per cycle.
-    const CHAINS: usize = 12;
-    /// Per iteration, each chain dots 32 byte pairs: 32 multiplies and 32 adds, counted
-    /// as the kernels count their work (2 x weights x tokens).
-    pub const OPS_PER_ITER: f64 = CHAINS as f64 * 64.0;
-
-    /// # Safety
-    /// AVX2 present.
-    #[target_feature(enable = "avx2")]
-    pub unsafe fn madd_loop(iters: usize) -> i32 {
-        let a = _mm256_set1_epi8(3);
-        let ones = _mm256_set1_epi16(1);
-        let mut acc = [_mm256_set1_epi8(1); CHAINS];
-        for _ in 0..iters {
-            for x in acc.iter_mut() {
-                // Both results feed the next iteration, so nothing is hoisted.
-                let p = _mm256_maddubs_epi16(a, *x);
-                *x = _mm256_madd_epi16(p, ones);
-            }
-        }
-        let mut s = acc[0];
-        for x in &acc[1..] {
-            s = _mm256_xor_si256(s, *x);
-        }
-        _mm256_extract_epi32::<0>(s)
-    }
 }
 
 #[cfg(test)]
@@ -145,8 +119,11 @@ mod tests {
         let pool = ThreadPool::new(1);
         let bw = read_bandwidth(&pool, 4 << 20, 2);
         assert!(bw > 1e8 && bw.is_finite(), "{bw}");
-        if let Some(p) = peak_int8_ops(&pool) {
+        let peak = peak_int8_ops(&pool);
+        if let Some(p) = peak {
             assert!(p > 1e9 && p.is_finite(), "{p}");
         }
+        // The report names the instruction exactly when a peak was measured.
+        assert_eq!(peak.is_some(), peak_int8_instruction().is_some());
     }
 }

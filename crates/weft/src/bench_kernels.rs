@@ -31,8 +31,9 @@ pub fn run(json_out: bool) -> Result<()> {
     outln!("memory read bandwidth {:.1} GB/s (one stream)", bw / 1e9)?;
     match r.peak_int8_ops_per_s {
         Some(p) => outln!(
-            "integer dot peak {:.0} GOPS (vpmaddubsw + vpmaddwd)",
-            p / 1e9
+            "integer dot peak {:.0} GOPS ({})",
+            p / 1e9,
+            weft_kernels::roofline::peak_int8_instruction().unwrap_or("-")
         )?,
         None => outln!("integer dot peak: not measured (no AVX2)")?,
     }
@@ -48,18 +49,18 @@ pub fn run(json_out: bool) -> Result<()> {
         "of peak"
     )?;
     for c in &r.choices {
-        // The row layout's paths (the chosen one starred), then the interleaved layout
-        // where the type is interleaved here: dense layers run that one, experts the
-        // starred path.
+        // The row layout's paths (the chosen one starred), then the interleaved layout's
+        // where the type is interleaved here (the one in use marked): the layers of that
+        // type run it, and rows that do not interleave the starred path.
         let rows = c
             .timed
             .iter()
             .map(|t| (t, t.path.name(), t.path == c.chosen));
-        let packed = c
-            .interleaved
-            .iter()
-            .map(|t| (t, format!("interleaved {}", t.path.name()), false));
-        for (t, name, starred) in rows.chain(packed) {
+        let packed = c.interleaved.iter().map(|t| {
+            let name = format!("interleaved {}", t.path.name());
+            (t, name, Some(t.path) == c.interleaved_chosen)
+        });
+        for (t, name, in_use) in rows.chain(packed) {
             let of_peak = r
                 .peak_int8_ops_per_s
                 .filter(|_| c.ty.starts_with('Q'))
@@ -76,9 +77,9 @@ pub fn run(json_out: bool) -> Result<()> {
                 100.0 * t.bytes_per_s / bw,
                 t.ops_per_s / 1e9,
                 of_peak,
-                match (starred, name.starts_with("interleaved")) {
-                    (true, _) => "*",
-                    (_, true) => "in use",
+                match (in_use, name.starts_with("interleaved")) {
+                    (true, false) => "*",
+                    (true, true) => "in use",
                     _ => "",
                 }
             )?;
@@ -89,8 +90,8 @@ pub fn run(json_out: bool) -> Result<()> {
         cache.display()
     )?;
     outln!(
-        "interleaved: rows repacked at load, eight a group (dense layers of these types; \
-         WEFT_KERNELS_NO_PACK=1 keeps ggml's layout)"
+        "interleaved: rows repacked at load, eight a group (layers of these types, and experts \
+         whose widths are whole groups; WEFT_KERNELS_NO_PACK=1 keeps ggml's layout)"
     )?;
     Ok(())
 }

@@ -57,6 +57,38 @@ pub fn simd_name() -> &'static str {
     }
 }
 
+/// Runs `iters` iterations of the byte-dot instruction the kernels use on this CPU, from
+/// registers only (`roofline`'s compute ceiling): a VNNI `vpdpbusd` where one runs, else
+/// the AVX2 `vpmaddubsw` + `vpmaddwd` pair. Returns the integer operations done and the
+/// instruction's name; None where the SIMD kernels do not run.
+pub fn dot_peak_probe(iters: usize) -> Option<(f64, &'static str)> {
+    #[cfg(target_arch = "x86_64")]
+    if select::simd() {
+        let vnni = |fused| {
+            select::runnable(Path {
+                fused,
+                prefetch: false,
+            })
+        };
+        let (form, name) = if vnni(select::Fused::Avx512Vnni256) {
+            (
+                select::Fused::Avx512Vnni256,
+                "vpdpbusd, AVX-512 VNNI on 256 bits",
+            )
+        } else if vnni(select::Fused::AvxVnni) {
+            (select::Fused::AvxVnni, "vpdpbusd, AVX-VNNI")
+        } else {
+            (select::Fused::Avx2, "vpmaddubsw + vpmaddwd")
+        };
+        // SAFETY: AVX2, FMA and F16C are in use (select::simd) and the form's
+        // instruction was detected just above.
+        std::hint::black_box(unsafe { avx2::dot_peak_loop(form, iters) });
+        return Some((avx2::DOT_PEAK_OPS_PER_ITER * iters as f64, name));
+    }
+    let _ = iters;
+    None
+}
+
 /// The activation format a weight type is dotted against: Q8_0 for Q4_0/Q5_0/Q8_0, Q8_K
 /// for Q4_K/Q5_K/Q6_K (and Q8_K itself), F32 for F32/F16/BF16.
 pub fn vec_dot_type(w: GgmlType) -> GgmlType {
@@ -352,6 +384,24 @@ pub fn matmul_packed(
     out: &mut [f32],
     out_stride: usize,
 ) {
+    let prefetch = select::packed_prefetch(w, Shape::of(m, n));
+    matmul_packed_on(prefetch, w, n, packed, rows, acts, m, out, out_stride)
+}
+
+/// [`matmul_packed`] with software prefetch allowed or not, whatever is in force (for
+/// timing both; the bits are the same).
+#[allow(clippy::too_many_arguments)]
+pub fn matmul_packed_on(
+    prefetch: bool,
+    w: GgmlType,
+    n: usize,
+    packed: &[u8],
+    rows: Range<usize>,
+    acts: &[u8],
+    m: usize,
+    out: &mut [f32],
+    out_stride: usize,
+) {
     assert!(
         pack::packable(w, n),
         "{w} rows of {n} values are not interleaved"
@@ -376,7 +426,9 @@ pub fn matmul_packed(
         // SAFETY: AVX2/FMA/F16C were detected and the path is runnable; every length was
         // checked above.
         (Isa::Avx2, Some(p)) => unsafe {
-            avx2::matmul_packed(p.fused, w, n, packed, rows, acts, m, out, out_stride)
+            avx2::matmul_packed(
+                p.fused, prefetch, w, n, packed, rows, acts, m, out, out_stride,
+            )
         },
         // Interleaved rows where no kernel reads them (packing was asked for anyway):
         // each row back in ggml's layout, then the scalar dot.

@@ -23,10 +23,11 @@
 //!
 //! Q6_K keeps its size (1680 bytes, eight blocks of 210): `d` of the eight rows (f16, 16
 //! bytes at 0); the sixteen 16-value sub-blocks' scales, sub-block s of row r at
-//! `16 + 8s + r` (i8); the low four bits of the levels as Q4_K's (1024 bytes at 144,
-//! sub-block pair j, quarter h at `144 + 128j + 32h`); then their top two bits, 64 bytes
-//! per 32 values j at `1168 + 64j`: bits 2v..2v+2 of byte `4r + i` hold those of value
-//! `32j + 4v + i` of row r (v < 4), and of the next 32 bytes the same for v = 4..8.
+//! `16 + 8s + r` (i8); then per sub-block pair j (values 32j..32j+32) 192 bytes at
+//! `144 + 192j`: the low four bits of the levels as Q4_K's (128 bytes, quarter h at
+//! `+ 32h`), then their top two bits (64 bytes at `+ 128`): bits 2v..2v+2 of byte
+//! `4r + i` hold those of value `32j + 4v + i` of row r (v < 4), and of the next 32 bytes
+//! the same for v = 4..8.
 //!
 //! The 32-value formats keep their size too: one 32-value block of a group is the eight
 //! rows' f16 `d` (16 bytes) and then their levels as unsigned bytes, value `4v + i` of row
@@ -54,8 +55,19 @@ pub const Q4K_MAX_BLOCKS: usize = 2048;
 /// Bytes of one super-block of eight interleaved Q6_K rows, and offsets inside it.
 pub const Q6K_GROUP_BYTES: usize = 1680;
 pub(super) const Q6K_OFF_SCALES: usize = 16;
-pub(super) const Q6K_OFF_LOW: usize = 144;
-pub(super) const Q6K_OFF_HIGH: usize = 1168;
+const Q6K_OFF_PAIRS: usize = 144;
+
+/// Where the low four bits of a Q6_K group's sub-block pair j (values 32j..32j+32) start,
+/// 128 bytes, and their top two bits, the 64 bytes right after: each pair's 192 bytes in
+/// one piece, so decode reads the group as one forward stream (with the top bits in a
+/// plane of their own after all the low bits, a Zen 4 core streamed it at a third of its
+/// bandwidth).
+pub(super) const fn q6k_low(j: usize) -> usize {
+    Q6K_OFF_PAIRS + 192 * j
+}
+pub(super) const fn q6k_high(j: usize) -> usize {
+    q6k_low(j) + 128
+}
 /// Bytes of one Q6_K block in ggml's layout.
 const Q6K_BLOCK: usize = 210;
 /// Bytes of one Q4_K block in ggml's layout.
@@ -314,14 +326,8 @@ fn unpack_q4k_row(n: usize, packed: &[u8], row: usize) -> Vec<u8> {
 fn q6k_place(r: usize, k: usize) -> ((usize, u8), (usize, u8)) {
     let (j, w) = (k / 32, k % 32);
     let (v, i) = (w / 4, w % 4);
-    let low = (
-        Q6K_OFF_LOW + 128 * j + 32 * (v % 4) + 4 * r + i,
-        4 * (v / 4) as u8,
-    );
-    let high = (
-        Q6K_OFF_HIGH + 64 * j + 32 * (v / 4) + 4 * r + i,
-        2 * (v % 4) as u8,
-    );
+    let low = (q6k_low(j) + 32 * (v % 4) + 4 * r + i, 4 * (v / 4) as u8);
+    let high = (q6k_high(j) + 32 * (v / 4) + 4 * r + i, 2 * (v % 4) as u8);
     (low, high)
 }
 
@@ -350,13 +356,13 @@ fn place_q6k(o: &mut [u8], r: usize, block: &[u8]) {
     }
     for j in 0..8 {
         let q = &q[32 * j..][..32];
-        put_nibble_pairs(&mut o[Q6K_OFF_LOW + 128 * j..], r, q);
+        put_nibble_pairs(&mut o[q6k_low(j)..], r, q);
         for i in 0..4 {
             for half in 0..2 {
                 let top = (0..4).fold(0u8, |acc, v| {
                     acc | ((q[4 * (4 * half + v) + i] >> 4) << (2 * v))
                 });
-                o[Q6K_OFF_HIGH + 64 * j + 32 * half + 4 * r + i] = top;
+                o[q6k_high(j) + 32 * half + 4 * r + i] = top;
             }
         }
     }

@@ -331,6 +331,32 @@ pub fn choose(ty: GgmlType, shape: Shape, path: Path) -> bool {
     }
 }
 
+/// Whether interleaved rows prefetch in software at each type and shape class: 0 not
+/// set (then yes, the guess), 1 no, 2 yes. Timed like the row layout's prefetch (both
+/// give the same bits): Zen 4's hardware prefetcher made it a loss that was a win on an
+/// Intel core.
+static PACKED_PREFETCH: [[AtomicU8; SHAPES]; TYPES] =
+    [const { [const { AtomicU8::new(0) }; SHAPES] }; TYPES];
+
+fn packed_slot(ty: GgmlType, shape: Shape) -> Option<&'static AtomicU8> {
+    let t = GgmlType::WEIGHT_TYPES.iter().position(|&w| w == ty)?;
+    let s = Shape::ALL.iter().position(|&x| x == shape)?;
+    Some(&PACKED_PREFETCH[t][s])
+}
+
+/// Whether interleaved rows of `ty` prefetch in software at `shape` (they do only while
+/// few tokens share each group, whatever this says).
+pub fn packed_prefetch(ty: GgmlType, shape: Shape) -> bool {
+    packed_slot(ty, shape).is_none_or(|s| s.load(Ordering::Relaxed) != 1)
+}
+
+/// Sets [`packed_prefetch`] for `ty` at `shape`.
+pub fn choose_packed_prefetch(ty: GgmlType, shape: Shape, on: bool) {
+    if let Some(s) = packed_slot(ty, shape) {
+        s.store(1 + on as u8, Ordering::Relaxed);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

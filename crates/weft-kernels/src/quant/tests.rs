@@ -893,24 +893,33 @@ fn interleaved_rows_match_scalar_and_a_token_alone() {
                         {
                             continue;
                         }
-                        let mut o = vec![f32::NAN; m * stride];
-                        // SAFETY: the path runs here; lengths as matmul_packed checked them.
-                        unsafe {
-                            avx2::matmul_packed(
-                                fused,
-                                w,
-                                n,
-                                &packed,
-                                range.clone(),
-                                &acts,
-                                m,
-                                &mut o,
-                                stride,
-                            )
-                        };
-                        for (x, y) in o.iter().zip(&out) {
-                            let same = x.to_bits() == y.to_bits() || (x.is_nan() && y.is_nan());
-                            assert!(same, "{w} n={n} m={m} {}: {x} vs {y}", path.name());
+                        // With software prefetch and without: the same bits.
+                        for prefetch in [false, true] {
+                            let mut o = vec![f32::NAN; m * stride];
+                            // SAFETY: the path runs here; lengths as matmul_packed checked
+                            // them.
+                            unsafe {
+                                avx2::matmul_packed(
+                                    fused,
+                                    prefetch,
+                                    w,
+                                    n,
+                                    &packed,
+                                    range.clone(),
+                                    &acts,
+                                    m,
+                                    &mut o,
+                                    stride,
+                                )
+                            };
+                            for (x, y) in o.iter().zip(&out) {
+                                let same = x.to_bits() == y.to_bits() || (x.is_nan() && y.is_nan());
+                                assert!(
+                                    same,
+                                    "{w} n={n} m={m} {} prefetch {prefetch}: {x} vs {y}",
+                                    path.name()
+                                );
+                            }
                         }
                     }
                 }

@@ -25,8 +25,8 @@ use super::tile::{
 };
 use crate::quant::blocks::Q8_0_BYTES;
 use crate::quant::pack::{
-    legacy_offset, GROUP_ROWS, LEGACY_MAX_BLOCKS, OFF_DMIN, OFF_LEVELS, OFF_MINS, OFF_SCALES,
-    Q4K_GROUP_BYTES, Q4K_MAX_BLOCKS, Q6K_GROUP_BYTES, Q6K_OFF_HIGH, Q6K_OFF_LOW, Q6K_OFF_SCALES,
+    legacy_offset, q6k_high, q6k_low, GROUP_ROWS, LEGACY_MAX_BLOCKS, OFF_DMIN, OFF_LEVELS,
+    OFF_MINS, OFF_SCALES, Q4K_GROUP_BYTES, Q4K_MAX_BLOCKS, Q6K_GROUP_BYTES, Q6K_OFF_SCALES,
 };
 use weft_gguf::GgmlType;
 
@@ -263,8 +263,8 @@ impl GroupKernel for Q6K {
             let mut isum = [_mm256_setzero_si256(); N];
             for j in 0..8 {
                 let (sc_lo, sc_hi) = (scale(2 * j), scale(2 * j + 1));
-                let ha = load256(gp.add(Q6K_OFF_HIGH + 64 * j));
-                let hb = load256(gp.add(Q6K_OFF_HIGH + 64 * j + 32));
+                let ha = load256(gp.add(q6k_high(j)));
+                let hb = load256(gp.add(q6k_high(j) + 32));
                 // Bits 2v..2v+2 of each byte moved to bits 4..6 (16-bit shifts: what
                 // crosses bytes lands outside those bits and the mask drops it).
                 let high = |h: __m256i, v: usize| {
@@ -280,7 +280,7 @@ impl GroupKernel for Q6K {
                 let mut dot_lo = [_mm256_setzero_si256(); N];
                 let mut dot_hi = [_mm256_setzero_si256(); N];
                 for h in 0..4 {
-                    let x = load256(gp.add(Q6K_OFF_LOW + 128 * j + 32 * h));
+                    let x = load256(gp.add(q6k_low(j) + 32 * h));
                     let lo = _mm256_or_si256(_mm256_and_si256(x, nibble), high(ha, h));
                     let hi = _mm256_or_si256(
                         _mm256_and_si256(_mm256_srli_epi16::<4>(x), nibble),
@@ -486,7 +486,8 @@ thread_local! {
 
 /// Matmul (and matvec, `m` = 1) of interleaved rows: token chunks that stay in L2 (their
 /// per-block terms made once), then groups, then tiles of `T` tokens (and single
-/// tokens at the edge).
+/// tokens at the edge). Software prefetch runs where `allow_prefetch` and a chunk has
+/// few tokens.
 ///
 /// # Safety
 /// AVX2/FMA/F16C and what form `F` needs present; `rows.start` is a multiple of 8;
@@ -496,6 +497,7 @@ thread_local! {
 #[allow(clippy::too_many_arguments)]
 #[inline(always)]
 unsafe fn drive<K: GroupKernel, const F: u8, const T: usize>(
+    allow_prefetch: bool,
     nb: usize,
     packed: &[u8],
     rows: Range<usize>,
@@ -531,7 +533,7 @@ unsafe fn drive<K: GroupKernel, const F: u8, const T: usize>(
         let term = |t: usize| unsafe { terms.as_ptr().add((t - t0) * per_token) };
         // Few tokens leave the loop bound by memory, as matvec is; many reuse each group
         // long enough for the hardware prefetcher.
-        let prefetch = t1 - t0 <= 2 * T;
+        let prefetch = allow_prefetch && t1 - t0 <= 2 * T;
         for g in groups.clone() {
             let gp = unsafe { w.add(g * gb) };
             let first = g * GROUP_ROWS;
@@ -568,6 +570,7 @@ unsafe fn drive<K: GroupKernel, const F: u8, const T: usize>(
 #[allow(clippy::too_many_arguments)]
 #[inline(always)]
 unsafe fn matmul_any<const F: u8, const T: usize>(
+    prefetch: bool,
     w: GgmlType,
     n: usize,
     packed: &[u8],
@@ -581,16 +584,20 @@ unsafe fn matmul_any<const F: u8, const T: usize>(
     // SAFETY: forwarded from the caller.
     unsafe {
         match w {
-            GgmlType::Q4_K => drive::<Q4K, F, T>(nb, packed, rows, acts, m, out, out_stride),
-            GgmlType::Q6_K => drive::<Q6K, F, T>(nb, packed, rows, acts, m, out, out_stride),
+            GgmlType::Q4_K => {
+                drive::<Q4K, F, T>(prefetch, nb, packed, rows, acts, m, out, out_stride)
+            }
+            GgmlType::Q6_K => {
+                drive::<Q6K, F, T>(prefetch, nb, packed, rows, acts, m, out, out_stride)
+            }
             GgmlType::Q4_0 => {
-                drive::<Legacy<Q4_0L>, F, T>(nb, packed, rows, acts, m, out, out_stride)
+                drive::<Legacy<Q4_0L>, F, T>(prefetch, nb, packed, rows, acts, m, out, out_stride)
             }
             GgmlType::Q5_0 => {
-                drive::<Legacy<Q5_0L>, F, T>(nb, packed, rows, acts, m, out, out_stride)
+                drive::<Legacy<Q5_0L>, F, T>(prefetch, nb, packed, rows, acts, m, out, out_stride)
             }
             GgmlType::Q8_0 => {
-                drive::<Legacy<Q8_0L>, F, T>(nb, packed, rows, acts, m, out, out_stride)
+                drive::<Legacy<Q8_0L>, F, T>(prefetch, nb, packed, rows, acts, m, out, out_stride)
             }
             _ => unreachable!("{w} rows are not interleaved"),
         }
@@ -604,6 +611,7 @@ unsafe fn matmul_any<const F: u8, const T: usize>(
 #[allow(clippy::too_many_arguments)]
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(super) unsafe fn matmul<const F: u8>(
+    prefetch: bool,
     w: GgmlType,
     n: usize,
     packed: &[u8],
@@ -615,7 +623,7 @@ pub(super) unsafe fn matmul<const F: u8>(
 ) {
     debug_assert!(F != EVEX);
     // SAFETY: forwarded from the caller.
-    unsafe { matmul_any::<F, T_AVX2>(w, n, packed, rows, acts, m, out, out_stride) }
+    unsafe { matmul_any::<F, T_AVX2>(prefetch, w, n, packed, rows, acts, m, out, out_stride) }
 }
 
 /// The interleaved matmul in the EVEX form, compiled for AVX-512 VNNI and VL (32 vector
@@ -626,6 +634,7 @@ pub(super) unsafe fn matmul<const F: u8>(
 #[allow(clippy::too_many_arguments)]
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl,avx512vnni")]
 pub(super) unsafe fn matmul_evex(
+    prefetch: bool,
     w: GgmlType,
     n: usize,
     packed: &[u8],
@@ -636,5 +645,5 @@ pub(super) unsafe fn matmul_evex(
     out_stride: usize,
 ) {
     // SAFETY: forwarded from the caller.
-    unsafe { matmul_any::<EVEX, T_AVX512>(w, n, packed, rows, acts, m, out, out_stride) }
+    unsafe { matmul_any::<EVEX, T_AVX512>(prefetch, w, n, packed, rows, acts, m, out, out_stride) }
 }

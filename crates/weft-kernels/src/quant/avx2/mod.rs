@@ -19,6 +19,7 @@ mod interleaved;
 mod kquant;
 mod kquant_zmm;
 mod legacy;
+mod peak;
 mod tile;
 mod vnni;
 
@@ -31,6 +32,7 @@ use super::select::{self, Fused, Path};
 use tile::{put, q8_0_quant_sum, scales8, Tile, COLS, PREFETCH_BYTES};
 
 pub(super) use act::quantize_act;
+pub(super) use peak::{run as dot_peak_loop, OPS_PER_ITER as DOT_PEAK_OPS_PER_ITER};
 
 /// Whether some AVX-512 VNNI path is offered (the K-quant `vpdpwssd` form and 512-bit
 /// tile, or the 32-value formats' 512-bit tile where `WEFT_KERNELS_VNNI512` asks for it).
@@ -531,7 +533,8 @@ pub(super) unsafe fn matmul(
 }
 
 /// Matmul (and matvec, `m` = 1) of rows interleaved by `quant::pack`, summing as `fused`
-/// says (every form gives the same bits: the sums are exact integers).
+/// says (every form gives the same bits: the sums are exact integers), with software
+/// prefetch where `prefetch` allows it.
 ///
 /// # Safety
 /// AVX2/FMA/F16C present, and what `fused` needs; `w` passes `pack::packable`,
@@ -541,6 +544,7 @@ pub(super) unsafe fn matmul(
 #[allow(clippy::too_many_arguments)]
 pub(super) unsafe fn matmul_packed(
     fused: Fused,
+    prefetch: bool,
     w: GgmlType,
     n: usize,
     packed: &[u8],
@@ -556,13 +560,13 @@ pub(super) unsafe fn matmul_packed(
     unsafe {
         match fused {
             Fused::AvxVnni => {
-                interleaved::matmul::<VEX>(w, n, packed, rows, acts, m, out, out_stride)
+                interleaved::matmul::<VEX>(prefetch, w, n, packed, rows, acts, m, out, out_stride)
             }
             Fused::Avx2 => {
-                interleaved::matmul::<PLAIN>(w, n, packed, rows, acts, m, out, out_stride)
+                interleaved::matmul::<PLAIN>(prefetch, w, n, packed, rows, acts, m, out, out_stride)
             }
             Fused::Avx512Vnni256 => {
-                interleaved::matmul_evex(w, n, packed, rows, acts, m, out, out_stride)
+                interleaved::matmul_evex(prefetch, w, n, packed, rows, acts, m, out, out_stride)
             }
             _ => unreachable!("interleaved rows run on AVX2, AVX-VNNI or AVX-512 VNNI (256)"),
         }
