@@ -337,8 +337,9 @@ pub fn time_candidates(
     let m = tokens_of(shape);
     let mut variants: Vec<Variant> = paths.iter().map(|&p| Variant::Rows(Some(p))).collect();
     let packed_path = quant::packed_path().filter(|_| quant::packs(ty, width_of(ty, shape)));
-    // Interleaved rows prefetch only while few tokens share a group (prefill never):
-    // there both are timed, the guess (prefetch) first.
+    // Interleaved rows prefetch only while few tokens share a group: at one token and a
+    // batch both are timed, the guess (prefetch) first. A prefill's chunks of few tokens
+    // follow the batch's choice (`quant::matmul_packed`), so prefill is timed once.
     let packed: Vec<Path> = packed_path.map_or(Vec::new(), |p| {
         let tries: &[bool] = match shape {
             Shape::Prefill => &[true],

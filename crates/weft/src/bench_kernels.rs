@@ -35,7 +35,7 @@ pub fn run(json_out: bool) -> Result<()> {
             p / 1e9,
             weft_kernels::roofline::peak_int8_instruction().unwrap_or("-")
         )?,
-        None => outln!("integer dot peak: not measured (no AVX2)")?,
+        None => outln!("integer dot peak: not measured (SIMD kernels off)")?,
     }
     outln!(
         "{:<6} {:<8} {:>6}  {:<28} {:>9} {:>7} {:>8} {:>7}  chosen",

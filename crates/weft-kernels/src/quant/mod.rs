@@ -57,36 +57,34 @@ pub fn simd_name() -> &'static str {
     }
 }
 
-/// Runs `iters` iterations of the byte-dot instruction the kernels use on this CPU, from
-/// registers only (`roofline`'s compute ceiling): a VNNI `vpdpbusd` where one runs, else
-/// the AVX2 `vpmaddubsw` + `vpmaddwd` pair. Returns the integer operations done and the
-/// instruction's name; None where the SIMD kernels do not run.
-pub fn dot_peak_probe(iters: usize) -> Option<(f64, &'static str)> {
+/// The byte-dot instruction the kernels use on this CPU, for `roofline`'s compute
+/// ceiling: a VNNI `vpdpbusd` where one runs, else the AVX2 `vpmaddubsw` + `vpmaddwd`
+/// pair. Its name and the integer operations of one iteration of [`dot_peak_run`]; None
+/// where the SIMD kernels do not run.
+pub fn dot_peak_instruction() -> Option<(&'static str, f64)> {
     #[cfg(target_arch = "x86_64")]
     if select::simd() {
-        let vnni = |fused| {
-            select::runnable(Path {
-                fused,
-                prefetch: false,
-            })
+        let name = match select::vnni_form() {
+            Some(select::Fused::Avx512Vnni256) => "vpdpbusd, AVX-512 VNNI on 256 bits",
+            Some(_) => "vpdpbusd, AVX-VNNI",
+            None => "vpmaddubsw + vpmaddwd",
         };
-        let (form, name) = if vnni(select::Fused::Avx512Vnni256) {
-            (
-                select::Fused::Avx512Vnni256,
-                "vpdpbusd, AVX-512 VNNI on 256 bits",
-            )
-        } else if vnni(select::Fused::AvxVnni) {
-            (select::Fused::AvxVnni, "vpdpbusd, AVX-VNNI")
-        } else {
-            (select::Fused::Avx2, "vpmaddubsw + vpmaddwd")
-        };
+        return Some((name, avx2::DOT_PEAK_OPS_PER_ITER));
+    }
+    None
+}
+
+/// Runs `iters` iterations of [`dot_peak_instruction`]'s instruction from registers only
+/// (nothing where the SIMD kernels do not run).
+pub fn dot_peak_run(iters: usize) {
+    #[cfg(target_arch = "x86_64")]
+    if select::simd() {
+        let form = select::vnni_form().unwrap_or(select::Fused::Avx2);
         // SAFETY: AVX2, FMA and F16C are in use (select::simd) and the form's
-        // instruction was detected just above.
+        // instruction was detected (select::vnni_form).
         std::hint::black_box(unsafe { avx2::dot_peak_loop(form, iters) });
-        return Some((avx2::DOT_PEAK_OPS_PER_ITER * iters as f64, name));
     }
     let _ = iters;
-    None
 }
 
 /// The activation format a weight type is dotted against: Q8_0 for Q4_0/Q5_0/Q8_0, Q8_K
@@ -334,13 +332,10 @@ pub fn packed_path() -> Option<Path> {
         if std::env::var_os("WEFT_KERNELS_NO_PACK").is_some_and(|v| v != "0") {
             return None;
         }
-        [select::Fused::Avx512Vnni256, select::Fused::AvxVnni]
-            .into_iter()
-            .map(|fused| Path {
-                fused,
-                prefetch: false,
-            })
-            .find(|&p| select::runnable(p))
+        select::vnni_form().map(|fused| Path {
+            fused,
+            prefetch: false,
+        })
     })
 }
 
@@ -384,7 +379,13 @@ pub fn matmul_packed(
     out: &mut [f32],
     out_stride: usize,
 ) {
-    let prefetch = select::packed_prefetch(w, Shape::of(m, n));
+    // A prefill's token chunks prefetch only where they hold few tokens (wide rows, the
+    // last chunk): a batch's situation, so they follow the batch's choice.
+    let shape = match Shape::of(m, n) {
+        Shape::Prefill => Shape::Batch,
+        s => s,
+    };
+    let prefetch = select::packed_prefetch(w, shape);
     matmul_packed_on(prefetch, w, n, packed, rows, acts, m, out, out_stride)
 }
 

@@ -68,6 +68,7 @@ pub(super) const fn q6k_low(j: usize) -> usize {
 pub(super) const fn q6k_high(j: usize) -> usize {
     q6k_low(j) + 128
 }
+const _: () = assert!(q6k_high(7) + 64 == Q6K_GROUP_BYTES);
 /// Bytes of one Q6_K block in ggml's layout.
 const Q6K_BLOCK: usize = 210;
 /// Bytes of one Q4_K block in ggml's layout.

@@ -1,6 +1,6 @@
 //! Which kernel path each weight type takes, per shape class, on this CPU: the candidate
 //! paths the CPU can run, the one in use (a process-wide choice, set from a measurement
-//! by `calibrate::choose`, a fixed guess until then), and their names for reports.
+//! by `choose::choose`, a fixed guess until then), and their names for reports.
 //!
 //! Why measured and not guessed: the same instruction mix wins on one x86 core and loses
 //! on another (Zen 4 runs 512-bit ops as two halves; its hardware prefetcher makes
@@ -214,6 +214,20 @@ pub fn runnable(path: Path) -> bool {
         }
 }
 
+/// The 256-bit VNNI form this CPU runs, AVX-512's encoding first (it has 32 registers):
+/// the form of the interleaved kernels and of `roofline`'s integer peak. None where
+/// neither runs.
+pub fn vnni_form() -> Option<Fused> {
+    [Fused::Avx512Vnni256, Fused::AvxVnni]
+        .into_iter()
+        .find(|&fused| {
+            runnable(Path {
+                fused,
+                prefetch: false,
+            })
+        })
+}
+
 /// A short list of paths, kept inline (the kernels consult it per call, so no heap).
 #[derive(Clone, Copy, Debug)]
 pub struct Paths {
@@ -305,10 +319,19 @@ const SHAPES: usize = Shape::ALL.len();
 static CHOSEN: [[AtomicU8; SHAPES]; TYPES] =
     [const { [const { AtomicU8::new(0) }; SHAPES] }; TYPES];
 
-fn slot(ty: GgmlType, shape: Shape) -> Option<&'static AtomicU8> {
+/// A per-type, per-shape table's slot for `ty` at `shape`.
+fn slot_in(
+    table: &'static [[AtomicU8; SHAPES]; TYPES],
+    ty: GgmlType,
+    shape: Shape,
+) -> Option<&'static AtomicU8> {
     let t = GgmlType::WEIGHT_TYPES.iter().position(|&w| w == ty)?;
     let s = Shape::ALL.iter().position(|&x| x == shape)?;
-    Some(&CHOSEN[t][s])
+    Some(&table[t][s])
+}
+
+fn slot(ty: GgmlType, shape: Shape) -> Option<&'static AtomicU8> {
+    slot_in(&CHOSEN, ty, shape)
 }
 
 /// The path `ty` takes at `shape`: the chosen one, else the first candidate.
@@ -339,9 +362,7 @@ static PACKED_PREFETCH: [[AtomicU8; SHAPES]; TYPES] =
     [const { [const { AtomicU8::new(0) }; SHAPES] }; TYPES];
 
 fn packed_slot(ty: GgmlType, shape: Shape) -> Option<&'static AtomicU8> {
-    let t = GgmlType::WEIGHT_TYPES.iter().position(|&w| w == ty)?;
-    let s = Shape::ALL.iter().position(|&x| x == shape)?;
-    Some(&PACKED_PREFETCH[t][s])
+    slot_in(&PACKED_PREFETCH, ty, shape)
 }
 
 /// Whether interleaved rows of `ty` prefetch in software at `shape` (they do only while
@@ -377,6 +398,18 @@ mod tests {
         }
         assert_eq!(Path::from_code(0), None);
         assert_eq!(Path::from_code(200), None);
+    }
+
+    #[test]
+    fn interleaved_prefetch_is_on_until_a_choice_turns_it_off() {
+        // F32 rows never interleave, so no timed report sets this slot meanwhile.
+        let (ty, shape) = (GgmlType::F32, Shape::Batch);
+        assert!(packed_prefetch(ty, shape));
+        choose_packed_prefetch(ty, shape, false);
+        assert!(!packed_prefetch(ty, shape));
+        assert!(packed_prefetch(ty, Shape::Decode), "one slot per shape");
+        choose_packed_prefetch(ty, shape, true);
+        assert!(packed_prefetch(ty, shape));
     }
 
     #[test]

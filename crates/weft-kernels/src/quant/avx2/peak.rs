@@ -19,10 +19,13 @@ pub(crate) const OPS_PER_ITER: f64 = CHAINS as f64 * 64.0;
 /// The CPU runs AVX2 and form `F`'s instruction.
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn dot_loop<const F: u8>(iters: usize) -> i32 {
-    let a = _mm256_set1_epi8(3);
-    let b = _mm256_set1_epi8(5);
+    // Operands the compiler cannot see, and chains that start apart, so no two chains
+    // can be merged and nothing folded away.
+    let a = std::hint::black_box(_mm256_set1_epi8(3));
+    let b = std::hint::black_box(_mm256_set1_epi8(5));
     let ones = _mm256_set1_epi16(1);
-    let mut acc = [_mm256_set1_epi8(1); CHAINS];
+    let mut acc: [__m256i; CHAINS] =
+        std::array::from_fn(|k| std::hint::black_box(_mm256_set1_epi32(k as i32 + 1)));
     for _ in 0..iters {
         for x in acc.iter_mut() {
             *x = if F == PLAIN {
