@@ -52,15 +52,20 @@ pub fn run(json_out: bool) -> Result<()> {
         // The row layout's paths (the chosen one starred), then the interleaved layout's
         // where the type is interleaved here (the one in use marked): the layers of that
         // type run it, and rows that do not interleave the starred path.
+        let mark = |on: bool, what: &'static str| if on { what } else { "" };
         let rows = c
             .timed
             .iter()
-            .map(|t| (t, t.path.name(), t.path == c.chosen));
+            .map(|t| (t, t.path.name(), mark(t.path == c.chosen, "*")));
         let packed = c.interleaved.iter().map(|t| {
             let name = format!("interleaved {}", t.path.name());
-            (t, name, Some(t.path) == c.interleaved_chosen)
+            (
+                t,
+                name,
+                mark(Some(t.path) == c.interleaved_chosen, "in use"),
+            )
         });
-        for (t, name, in_use) in rows.chain(packed) {
+        for (t, name, marked) in rows.chain(packed) {
             let of_peak = r
                 .peak_int8_ops_per_s
                 .filter(|_| c.ty.starts_with('Q'))
@@ -77,11 +82,7 @@ pub fn run(json_out: bool) -> Result<()> {
                 100.0 * t.bytes_per_s / bw,
                 t.ops_per_s / 1e9,
                 of_peak,
-                match (in_use, name.starts_with("interleaved")) {
-                    (true, false) => "*",
-                    (true, true) => "in use",
-                    _ => "",
-                }
+                marked
             )?;
         }
     }
