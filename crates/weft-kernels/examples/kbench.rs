@@ -217,8 +217,107 @@ fn bench_matmul(rng: &mut Rng, ty: GgmlType, n: usize, rows: usize, m: usize, re
     }
 }
 
+/// Decode's access pattern on a dense 1.3 B Q4_K_M stack (Qwen3-shaped: 28 layers of
+/// q, k, v, o, gate, up, down at embedding 1536 and FFN 8960, Q6_K for v and down):
+/// every layer's matrices interleaved, one matvec each in model order. Per round, GB/s of
+/// weight bytes with the interleaved prefetch off and on, beside a plain read of 512 MiB;
+/// then each shape alone over its 28 copies, and long rows against short rows of the
+/// same bytes (8,960 values against five matrices of 1,792), so a model's decode can be
+/// studied without the model.
+fn bench_layers(rng: &mut Rng, rounds: usize) {
+    use GgmlType::*;
+    let (e, f) = (1536, 8960);
+    let shapes = [
+        (Q4_K, e, e),
+        (Q4_K, e, 256),
+        (Q6_K, e, 256),
+        (Q4_K, e, e),
+        (Q4_K, e, f),
+        (Q4_K, e, f),
+        (Q6_K, f, e),
+    ];
+    let packed = |rng: &mut Rng, (ty, n, rows): (GgmlType, usize, usize)| {
+        quant::pack_rows(ty, n, &matrix(rng, ty, n, rows, 64), rows)
+    };
+    let act = |rng: &mut Rng, ty: GgmlType, n: usize| {
+        let mut a = vec![0u8; quant::act_bytes(ty, n)];
+        quant::quantize_act(ty, &rng.values(n), &mut a);
+        a
+    };
+    let seeds: Vec<Vec<u8>> = shapes.iter().map(|&s| packed(rng, s)).collect();
+    let layers: Vec<Vec<Vec<u8>>> = (0..28).map(|_| seeds.clone()).collect();
+    let bytes: usize = seeds.iter().map(Vec::len).sum::<usize>() * layers.len();
+    let acts: Vec<Vec<u8>> = shapes.iter().map(|&(ty, n, _)| act(rng, ty, n)).collect();
+    let mut out = vec![0.0f32; f];
+    let mut matvec =
+        |prefetch: bool, (ty, n, rows): (GgmlType, usize, usize), w: &[u8], a: &[u8]| {
+            quant::matmul_packed_on(prefetch, ty, n, w, 0..rows, a, 1, &mut out, rows);
+            black_box(&out);
+        };
+    let gbs = |bytes: usize, secs: f64| bytes as f64 / secs / 1e9;
+    println!(
+        "layers: {:.1} MB of interleaved weights a pass",
+        bytes as f64 / 1e6
+    );
+    for round in 0..rounds {
+        let bw = read_bandwidth(512 << 20);
+        let mut pass = |prefetch: bool| {
+            median_secs(5, || {
+                for layer in &layers {
+                    for (i, &shape) in shapes.iter().enumerate() {
+                        matvec(prefetch, shape, &layer[i], &acts[i]);
+                    }
+                }
+            })
+        };
+        let (off, on) = (gbs(bytes, pass(false)), gbs(bytes, pass(true)));
+        println!(
+            "round {round}: read {bw:.2} GB/s | no prefetch {off:.2} GB/s ({:.0} %) | prefetch {on:.2} GB/s ({:.0} %)",
+            100.0 * off / bw,
+            100.0 * on / bw,
+        );
+    }
+    for (i, &shape) in shapes.iter().enumerate() {
+        let secs = median_secs(5, || {
+            for layer in &layers {
+                matvec(false, shape, &layer[i], &acts[i]);
+            }
+        });
+        let (ty, n, rows) = shape;
+        let b = seeds[i].len() * layers.len();
+        println!(
+            "  {} n={n} rows={rows}, 28 copies: {:.2} GB/s",
+            ty.name(),
+            gbs(b, secs)
+        );
+    }
+    for ty in [Q4_K, Q6_K] {
+        for (n, copies) in [(f, 28), (f / 5, 5 * 28)] {
+            let shape = (ty, n, e);
+            let one = packed(rng, shape);
+            let mats: Vec<Vec<u8>> = (0..copies).map(|_| one.clone()).collect();
+            let a = act(rng, ty, n);
+            let secs = median_secs(5, || {
+                for w in &mats {
+                    matvec(false, shape, w, &a);
+                }
+            });
+            println!(
+                "  {} n={n} rows={e}, {copies} copies: {:.2} GB/s",
+                ty.name(),
+                gbs(one.len() * copies, secs)
+            );
+        }
+    }
+}
+
 fn main() {
     let quick = std::env::args().any(|a| a == "--quick");
+    if std::env::args().any(|a| a == "--layers") {
+        let mut rng = Rng(0x1234_5678_9ABC_DEF1);
+        bench_layers(&mut rng, 3);
+        return;
+    }
     let reps = if quick { 5 } else { 21 };
     let mut rng = Rng(0x1234_5678_9ABC_DEF1);
     println!("kernels: {}   single thread", quant::simd_name());

@@ -352,8 +352,8 @@ pub fn pack_rows(w: GgmlType, n: usize, rows: &[u8], n_rows: usize) -> Vec<u8> {
     pack::pack(w, n, rows, n_rows)
 }
 
-/// [`matvec`] on rows interleaved by [`pack_rows`]; `rows.start` is a multiple of
-/// [`pack::GROUP_ROWS`].
+/// [`matvec`] on rows interleaved by [`pack_rows`] (`packed` is the whole matrix
+/// [`pack_rows`] made); `rows.start` is a multiple of [`pack::GROUP_ROWS`].
 pub fn matvec_packed(
     w: GgmlType,
     n: usize,
@@ -366,8 +366,9 @@ pub fn matvec_packed(
     matmul_packed(w, n, packed, rows, act, 1, out, len)
 }
 
-/// [`matmul`] on rows interleaved by [`pack_rows`]; `rows.start` is a multiple of
-/// [`pack::GROUP_ROWS`]. A token gives the same bits whatever `m` is.
+/// [`matmul`] on rows interleaved by [`pack_rows`] (`packed` is the whole matrix
+/// [`pack_rows`] made); `rows.start` is a multiple of [`pack::GROUP_ROWS`]. A token gives
+/// the same bits whatever `m` is.
 #[allow(clippy::too_many_arguments)]
 pub fn matmul_packed(
     w: GgmlType,
@@ -411,10 +412,12 @@ pub fn matmul_packed_on(
         rows.start <= rows.end && rows.start.is_multiple_of(pack::GROUP_ROWS),
         "matmul_packed: row range {rows:?} does not start a group"
     );
-    let need = pack::packed_len(w, n, rows.end);
+    // Long rows lie window-major, so the kernel needs the whole matrix to find a block.
+    let groups = pack::Windows::of_packed(w, n, packed.len()).map(|win| win.groups());
     assert!(
-        packed.len() >= need,
-        "matmul_packed: {} packed bytes, rows {rows:?} need {need}",
+        groups.is_some_and(|g| rows.end <= g * pack::GROUP_ROWS),
+        "matmul_packed: {} packed bytes are not a whole interleaved matrix of {w} rows of \
+         {n} holding rows {rows:?}",
         packed.len()
     );
     let ab = act_bytes(w, n);

@@ -755,7 +755,14 @@ fn interleaving_round_trips_every_row() {
     let mut rng = Rng::new(21);
     for ty in PACKED {
         let rb = |n| row_bytes(ty, n);
-        for n in [256usize, 1024] {
+        // 8,960 and 4,352 values (35 and 17 blocks) lie in windows, as do 4,160 and 8,960
+        // of the 32-value formats (130 and 280 blocks).
+        let long = if matches!(ty, G::Q4_K | G::Q6_K) {
+            4352
+        } else {
+            4160
+        };
+        for n in [256usize, 1024, long, 8960] {
             for n_rows in [1usize, 8, 13] {
                 let buf = weight_matrix(&mut rng, ty, n, n_rows);
                 let w = &buf[1..];
@@ -780,6 +787,45 @@ fn interleaving_round_trips_every_row() {
             }
         }
     }
+}
+
+#[test]
+fn windows_place_every_group_block_once_in_walking_order() {
+    for (block_values, nb) in [
+        (256usize, 1usize),
+        (256, 8),
+        (256, 9),
+        (256, 17),
+        (256, 35),
+        (32, 280),
+    ] {
+        for groups in [1usize, 2, 5] {
+            let win = pack::Windows::new(block_values, nb, groups);
+            assert!(
+                win.count() == 1 || (win.blocks(0).len() * block_values <= pack::WINDOW_VALUES),
+                "nb {nb}: a window holds at most WINDOW_VALUES"
+            );
+            // Walking window by window, group by group, block by block visits the indices
+            // 0, 1, 2, ... in turn: the walk is one forward stream covering each once.
+            let mut next = 0;
+            for w in 0..win.count() {
+                for g in 0..groups {
+                    for b in win.blocks(w) {
+                        assert_eq!(win.index(g, b), next, "nb {nb} groups {groups} g {g} b {b}");
+                        next += 1;
+                    }
+                }
+            }
+            assert_eq!(
+                next,
+                nb * groups,
+                "nb {nb} groups {groups}: every block once"
+            );
+        }
+    }
+    // Rows of at most a window keep the group-major layout.
+    let win = pack::Windows::new(256, 8, 3);
+    assert_eq!((win.count(), win.index(2, 5)), (1, 2 * 8 + 5));
 }
 
 /// Activation bytes for weights of type `w` whose quants are all `q` (block sums, where

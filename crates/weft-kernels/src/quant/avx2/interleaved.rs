@@ -25,7 +25,7 @@ use super::tile::{
 };
 use crate::quant::blocks::Q8_0_BYTES;
 use crate::quant::pack::{
-    legacy_offset, q6k_high, q6k_low, GROUP_ROWS, LEGACY_MAX_BLOCKS, OFF_DMIN, OFF_LEVELS,
+    legacy_offset, q6k_high, q6k_low, Windows, GROUP_ROWS, LEGACY_MAX_BLOCKS, OFF_DMIN, OFF_LEVELS,
     OFF_MINS, OFF_SCALES, Q4K_GROUP_BYTES, Q4K_MAX_BLOCKS, Q6K_GROUP_BYTES, Q6K_OFF_SCALES,
 };
 use weft_gguf::GgmlType;
@@ -43,6 +43,8 @@ const _: () = assert!(2 * LEGACY_MAX_BLOCKS <= TERMS_LEN);
 
 /// One format's kernel over a group of eight interleaved rows.
 trait GroupKernel {
+    /// Values of a row one block holds.
+    const BLOCK_VALUES: usize;
     /// Bytes of a group's block and of an activation's block.
     const GB: usize;
     const AB: usize;
@@ -73,24 +75,24 @@ trait GroupKernel {
     );
 }
 
-/// The group at `g` against `N` tokens over `nb` blocks: the eight rows' results per
-/// token.
+/// The group's blocks `blocks` of one window, at `g` one after another, against `N`
+/// tokens, added to `acc`: the eight rows' sums per token.
 ///
 /// # Safety
-/// `g` holds `nb` group blocks; each `acts[t]` holds `nb` activation blocks and each
-/// `terms[t]` their `TERMS * nb` terms; the CPU runs form `F`.
+/// `g` holds `blocks.len()` group blocks; each `acts[t]` holds the activation's blocks
+/// `..blocks.end` and each `terms[t]` their terms; the CPU runs form `F`.
 #[inline(always)]
 unsafe fn group_tile<K: GroupKernel, const F: u8, const N: usize>(
     g: *const u8,
     acts: [*const u8; N],
     terms: [*const i32; N],
-    nb: usize,
+    blocks: Range<usize>,
     prefetch: bool,
+    mut acc: [__m256; N],
 ) -> [__m256; N] {
-    let mut acc = [_mm256_setzero_ps(); N];
-    for b in 0..nb {
-        // SAFETY: block b < nb of the group, as the caller promises.
-        let gp = unsafe { g.add(b * K::GB) };
+    for b in blocks.clone() {
+        // SAFETY: block b of the window, as the caller promises.
+        let gp = unsafe { g.add((b - blocks.start) * K::GB) };
         if prefetch {
             prefetch_ahead(gp, K::GB);
         }
@@ -154,6 +156,7 @@ unsafe fn bcast4(p: *const u8) -> __m256i {
 struct Q4K;
 
 impl GroupKernel for Q4K {
+    const BLOCK_VALUES: usize = 256;
     const GB: usize = Q4K_GROUP_BYTES;
     const AB: usize = Q8_K_AB;
     const TERMS: usize = 4;
@@ -236,6 +239,7 @@ impl GroupKernel for Q4K {
 struct Q6K;
 
 impl GroupKernel for Q6K {
+    const BLOCK_VALUES: usize = 256;
     const GB: usize = Q6K_GROUP_BYTES;
     const AB: usize = Q8_K_AB;
     const TERMS: usize = 0;
@@ -407,6 +411,7 @@ impl Levels8 for Q8_0L {
 struct Legacy<L>(std::marker::PhantomData<L>);
 
 impl<L: Levels8> GroupKernel for Legacy<L> {
+    const BLOCK_VALUES: usize = 32;
     const GB: usize = GROUP_ROWS * L::WB;
     const AB: usize = Q8_0_BYTES;
     const TERMS: usize = 2;
@@ -454,6 +459,28 @@ impl<L: Levels8> GroupKernel for Legacy<L> {
     }
 }
 
+/// Reads back what [`store`] wrote for a group and token (the lanes of rows past
+/// `rows.end` as zero): a window's sums, which the next window adds to.
+///
+/// # Safety
+/// As [`store`].
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn reload(out: *const f32, first: usize, rows: &Range<usize>) -> __m256 {
+    let live = (rows.end - first).min(GROUP_ROWS);
+    // SAFETY: rows first..first+live are in `rows`, so their slots are in `out`.
+    unsafe {
+        let o = out.add(first - rows.start);
+        if live == GROUP_ROWS {
+            _mm256_loadu_ps(o)
+        } else {
+            let mut tmp = [0.0f32; GROUP_ROWS];
+            std::ptr::copy_nonoverlapping(o, tmp.as_mut_ptr(), live);
+            _mm256_loadu_ps(tmp.as_ptr())
+        }
+    }
+}
+
 /// Writes a group's result for one token: its rows that fall in `rows`.
 ///
 /// # Safety
@@ -486,12 +513,16 @@ thread_local! {
 
 /// Matmul (and matvec, `m` = 1) of interleaved rows: token chunks that stay in L2 (their
 /// per-block terms made once), then groups, then tiles of `T` tokens (and single
-/// tokens at the edge). Software prefetch runs where `allow_prefetch` and a chunk has
-/// few tokens.
+/// tokens at the edge), each tile through every window of the row. A chunk of fewer
+/// tokens than a tile (decode) walks the matrix window by window instead, in the order
+/// its bytes lie, each window adding to what the last one stored: the same float steps
+/// in the same order, so the same bits. Software prefetch runs where `allow_prefetch`
+/// and a chunk has few tokens.
 ///
 /// # Safety
 /// AVX2/FMA/F16C and what form `F` needs present; `rows.start` is a multiple of 8;
-/// `packed` holds the groups of rows `..rows.end` over `nb` <= `K::MAX_BLOCKS` blocks;
+/// `packed` is a whole interleaved matrix (`pack::Windows`) of rows `..rows.end` or more
+/// over `nb` <= `K::MAX_BLOCKS` blocks;
 /// `acts` holds `m` activations of `nb` blocks; `out` holds
 /// `(m - 1) * out_stride + rows.len()` floats.
 #[allow(clippy::too_many_arguments)]
@@ -509,7 +540,11 @@ unsafe fn drive<K: GroupKernel, const F: u8, const T: usize>(
     debug_assert!(rows.start.is_multiple_of(GROUP_ROWS) && nb <= K::MAX_BLOCKS);
     let ab = nb * K::AB;
     let gb = nb * K::GB;
+    let zero = [_mm256_setzero_ps(); T];
     let (w, a, o) = (packed.as_ptr(), acts.as_ptr(), out.as_mut_ptr());
+    let win = Windows::new(K::BLOCK_VALUES, nb, packed.len() / gb.max(1));
+    // Where group g's blocks of window `wi` start.
+    let at = |g: usize, wi: usize| unsafe { w.add(win.index(g, win.blocks(wi).start) * K::GB) };
     // SAFETY: this thread's own buffer, and nothing `drive` calls drives again, so no
     // other reference to it lives meanwhile.
     let terms = unsafe { &mut *TERMS.with(|t| t.get()) };
@@ -534,27 +569,69 @@ unsafe fn drive<K: GroupKernel, const F: u8, const T: usize>(
         // Few tokens leave the loop bound by memory, as matvec is; many reuse each group
         // long enough for the hardware prefetcher.
         let prefetch = allow_prefetch && t1 - t0 <= 2 * T;
+        if t1 - t0 < T {
+            for wi in 0..win.count() {
+                for g in groups.clone() {
+                    let (gp, first) = (at(g, wi), g * GROUP_ROWS);
+                    for t in t0..t1 {
+                        let o_t = unsafe { o.add(t * out_stride) };
+                        let acc = match wi {
+                            0 => [zero[0]],
+                            _ => [unsafe { reload(o_t, first, &rows) }],
+                        };
+                        let [v] = unsafe {
+                            group_tile::<K, F, 1>(
+                                gp,
+                                [act(t)],
+                                [term(t)],
+                                win.blocks(wi),
+                                prefetch,
+                                acc,
+                            )
+                        };
+                        unsafe { store(v, o_t, first, &rows) };
+                    }
+                }
+            }
+            t0 = t1;
+            continue;
+        }
         for g in groups.clone() {
-            let gp = unsafe { w.add(g * gb) };
             let first = g * GROUP_ROWS;
             let mut t = t0;
             while t + T <= t1 {
-                let v = unsafe {
-                    group_tile::<K, F, T>(
-                        gp,
-                        std::array::from_fn(|k| act(t + k)),
-                        std::array::from_fn(|k| term(t + k)),
-                        nb,
-                        prefetch,
-                    )
-                };
+                let mut v = zero;
+                for wi in 0..win.count() {
+                    v = unsafe {
+                        group_tile::<K, F, T>(
+                            at(g, wi),
+                            std::array::from_fn(|k| act(t + k)),
+                            std::array::from_fn(|k| term(t + k)),
+                            win.blocks(wi),
+                            prefetch,
+                            v,
+                        )
+                    };
+                }
                 for (k, v) in v.into_iter().enumerate() {
                     unsafe { store(v, o.add((t + k) * out_stride), first, &rows) };
                 }
                 t += T;
             }
             while t < t1 {
-                let v = unsafe { group_tile::<K, F, 1>(gp, [act(t)], [term(t)], nb, prefetch) };
+                let mut v = [zero[0]];
+                for wi in 0..win.count() {
+                    v = unsafe {
+                        group_tile::<K, F, 1>(
+                            at(g, wi),
+                            [act(t)],
+                            [term(t)],
+                            win.blocks(wi),
+                            prefetch,
+                            v,
+                        )
+                    };
+                }
                 unsafe { store(v[0], o.add(t * out_stride), first, &rows) };
                 t += 1;
             }
