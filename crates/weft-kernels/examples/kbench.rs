@@ -58,63 +58,10 @@ fn median_secs(reps: usize, mut f: impl FnMut()) -> f64 {
     t[t.len() / 2]
 }
 
-/// Plain read bandwidth of one thread over `bytes`, for scale.
+/// Plain read bandwidth of one thread over `bytes` (`roofline::read_bandwidth`, in the
+/// pages the loaded weights get), for scale.
 fn read_bandwidth(bytes: usize) -> f64 {
-    let buf: Vec<u64> = (0..bytes / 8).map(|i| i as u64).collect();
-    let secs = median_secs(5, || {
-        let s = buf.chunks_exact(8).fold([0u64; 8], |mut acc, c| {
-            for (a, v) in acc.iter_mut().zip(c) {
-                *a = a.wrapping_add(*v);
-            }
-            acc
-        });
-        black_box(s);
-    });
-    bytes as f64 / secs / 1e9
-}
-
-/// An anonymous mapping asking for 2 MiB pages (falls back to 4 KiB if refused).
-struct HugeBuf {
-    ptr: *mut u8,
-    len: usize,
-}
-
-impl HugeBuf {
-    fn copy_of(data: &[u8]) -> HugeBuf {
-        let len = data.len().div_ceil(2 << 20) * (2 << 20);
-        // SAFETY: a fresh private anonymous mapping; checked for failure; madvise only
-        // gives a hint about it.
-        let ptr = unsafe {
-            let p = libc::mmap(
-                std::ptr::null_mut(),
-                len,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-                -1,
-                0,
-            );
-            assert!(p != libc::MAP_FAILED, "mmap failed");
-            if libc::madvise(p, len, libc::MADV_HUGEPAGE) != 0 {
-                eprintln!("madvise(MADV_HUGEPAGE) refused; 4 KiB pages");
-            }
-            p.cast::<u8>()
-        };
-        // SAFETY: the mapping is len >= data.len() writable bytes, not aliased.
-        unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), ptr, data.len()) };
-        HugeBuf { ptr, len }
-    }
-
-    fn bytes(&self) -> &[u8] {
-        // SAFETY: the mapping is live for as long as self and fully initialised.
-        unsafe { std::slice::from_raw_parts(self.ptr, self.len) }
-    }
-}
-
-impl Drop for HugeBuf {
-    fn drop(&mut self) {
-        // SAFETY: unmapping exactly what copy_of mapped.
-        unsafe { libc::munmap(self.ptr.cast(), self.len) };
-    }
+    weft_kernels::roofline::read_bandwidth(&weft_kernels::ThreadPool::new(1), bytes, 5) / 1e9
 }
 
 fn bench_matvec(rng: &mut Rng, ty: GgmlType, n: usize, rows: usize, reps: usize) {
@@ -140,7 +87,8 @@ fn bench_matvec(rng: &mut Rng, ty: GgmlType, n: usize, rows: usize, reps: usize)
     };
     if rows * rb > 64 << 20 {
         report("dram", median_secs(reps, || run(&first)));
-        let huge = HugeBuf::copy_of(&first);
+        let mut huge = weft_kernels::pages::HugeBuf::zeroed(first.len()).expect("mmap");
+        huge.copy_from_slice(&first);
         let got = std::fs::read_to_string("/proc/self/smaps_rollup")
             .ok()
             .and_then(|s| {
@@ -149,8 +97,8 @@ fn bench_matvec(rng: &mut Rng, ty: GgmlType, n: usize, rows: usize, reps: usize)
                     .map(|l| l.split_whitespace().nth(1).unwrap_or("?").to_string())
             })
             .unwrap_or_else(|| "?".into());
-        println!("  (2 MiB pages in use: {got} kB of {} kB)", huge.len / 1024);
-        report("huge", median_secs(reps, || run(huge.bytes())));
+        println!("  (2 MiB pages in use: {got} kB of {} kB)", huge.len() / 1024);
+        report("huge", median_secs(reps, || run(&huge)));
         return;
     }
     report("hot", median_secs(reps, || run(&first)));
@@ -219,7 +167,8 @@ fn bench_matmul(rng: &mut Rng, ty: GgmlType, n: usize, rows: usize, m: usize, re
 
 /// Decode's access pattern on a dense 1.3 B Q4_K_M stack (Qwen3-shaped: 28 layers of
 /// q, k, v, o, gate, up, down at embedding 1536 and FFN 8960, Q6_K for v and down):
-/// every layer's matrices interleaved, one matvec each in model order. Per round, GB/s of
+/// every layer's matrices interleaved (in 2 MiB pages, as a loader keeps them), one
+/// matvec each in model order. Per round, GB/s of
 /// weight bytes with the interleaved prefetch off and on, beside a plain read of 512 MiB;
 /// then each shape alone over its 28 copies, and long rows against short rows of the
 /// same bytes (8,960 values against five matrices of 1,792), so a model's decode can be
@@ -245,7 +194,13 @@ fn bench_layers(rng: &mut Rng, rounds: usize) {
         a
     };
     let seeds: Vec<Vec<u8>> = shapes.iter().map(|&s| packed(rng, s)).collect();
-    let layers: Vec<Vec<Vec<u8>>> = (0..28).map(|_| seeds.clone()).collect();
+    // In the pages a loader packs into (`pages::HugeBuf`), one buffer a matrix as there.
+    let huge = |m: &Vec<u8>| {
+        let mut h = weft_kernels::pages::HugeBuf::zeroed(m.len()).expect("mmap");
+        h.copy_from_slice(m);
+        h
+    };
+    let layers: Vec<Vec<_>> = (0..28).map(|_| seeds.iter().map(huge).collect()).collect();
     let bytes: usize = seeds.iter().map(Vec::len).sum::<usize>() * layers.len();
     let acts: Vec<Vec<u8>> = shapes.iter().map(|&(ty, n, _)| act(rng, ty, n)).collect();
     let mut out = vec![0.0f32; f];

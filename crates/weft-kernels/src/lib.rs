@@ -5,6 +5,7 @@ pub mod activation;
 pub mod calibrate;
 pub mod choose;
 pub mod ops;
+pub mod pages;
 pub mod pool;
 pub mod quant;
 pub mod roofline;

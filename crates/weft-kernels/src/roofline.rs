@@ -10,10 +10,23 @@ use crate::ThreadPool;
 /// times the last-level cache), each thread one sequential stream; best of `reps` passes.
 pub fn read_bandwidth(pool: &ThreadPool, bytes: usize, reps: usize) -> f64 {
     let words = (bytes / 8).max(1 << 12);
-    // Non-constant contents so no pass can be skipped; 8-byte words keep it aligned.
-    let buf: Vec<u64> = (0..words as u64)
-        .map(|i| i.wrapping_mul(0x9E37_79B9))
-        .collect();
+    // In the pages the repacked weights get (`pages`), so the probe and decode read alike.
+    let mut huge = crate::pages::HugeBuf::zeroed(words * 8).ok();
+    let mut vec = Vec::new();
+    let buf: &mut [u64] = match huge.as_deref_mut() {
+        // SAFETY: any bytes are valid u64s; a mapped buffer is 2 MiB-aligned, so
+        // align_to leaves no head (a small heap one may, and loses at most a word).
+        Some(b) => unsafe { b.align_to_mut::<u64>().1 },
+        None => {
+            vec.resize(words, 0u64);
+            &mut vec
+        }
+    };
+    // Non-constant contents so no pass can be skipped.
+    for (i, w) in buf.iter_mut().enumerate() {
+        *w = (i as u64).wrapping_mul(0x9E37_79B9);
+    }
+    let buf: &[u64] = buf;
     let mut best = 0f64;
     for _ in 0..reps.max(1) {
         let sink = std::sync::atomic::AtomicU64::new(0);

@@ -6,6 +6,7 @@ use std::ops::Range;
 use std::sync::Arc;
 
 use weft_gguf::{GgmlType, GgufFile};
+use weft_kernels::pages::HugeBuf;
 use weft_kernels::quant;
 use weft_kernels::ThreadPool;
 
@@ -26,8 +27,9 @@ enum Bytes {
         range: Range<usize>,
     },
     Owned(Vec<u8>),
-    /// Rows interleaved for this CPU's kernels (`quant::pack`), copied at load.
-    Packed(Vec<u8>),
+    /// Rows interleaved for this CPU's kernels (`quant::pack`), copied at load into huge
+    /// pages where the kernel gives them (`weft_kernels::pages`).
+    Packed(HugeBuf),
 }
 
 /// A (possibly sharded) linear layer y = W x (+ b): `n_out` rows of `n_in` values.
@@ -152,7 +154,15 @@ impl Linear {
         if !quant::packs(self.ty, self.n_in) || file.records_only() {
             return self;
         }
-        let packed = quant::pack_rows(self.ty, self.n_in, self.bytes(), self.n_out);
+        let packed = match quant::pack_rows_huge(self.ty, self.n_in, self.bytes(), self.n_out) {
+            Ok(p) => p,
+            Err(e) => {
+                // No memory for the copy: the rows stay in ggml's layout, which the
+                // row kernels read as well.
+                tracing::warn!("{}: rows not interleaved: {e}", self.name);
+                return self;
+            }
+        };
         if let Bytes::Mapped { file, range } = &self.bytes {
             file.release(range.clone());
         }
@@ -252,7 +262,8 @@ impl Linear {
     pub fn bytes(&self) -> &[u8] {
         match &self.bytes {
             Bytes::Mapped { file, range } => file.slice(range.clone()),
-            Bytes::Owned(v) | Bytes::Packed(v) => v,
+            Bytes::Owned(v) => v,
+            Bytes::Packed(v) => v,
         }
     }
 
@@ -264,7 +275,8 @@ impl Linear {
     pub fn n_bytes(&self) -> usize {
         match &self.bytes {
             Bytes::Mapped { range, .. } => range.len(),
-            Bytes::Owned(v) | Bytes::Packed(v) => v.len(),
+            Bytes::Owned(v) => v.len(),
+            Bytes::Packed(v) => v.len(),
         }
     }
 

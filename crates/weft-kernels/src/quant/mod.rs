@@ -352,6 +352,19 @@ pub fn pack_rows(w: GgmlType, n: usize, rows: &[u8], n_rows: usize) -> Vec<u8> {
     pack::pack(w, n, rows, n_rows)
 }
 
+/// [`pack_rows`] into memory in huge pages where the kernel gives them
+/// ([`crate::pages::HugeBuf`]): what a loader keeps, as decode streams it every token.
+pub fn pack_rows_huge(
+    w: GgmlType,
+    n: usize,
+    rows: &[u8],
+    n_rows: usize,
+) -> std::io::Result<crate::pages::HugeBuf> {
+    let mut out = crate::pages::HugeBuf::zeroed(pack::packed_len(w, n, n_rows))?;
+    pack::pack_into(w, n, rows, n_rows, &mut out);
+    Ok(out)
+}
+
 /// [`matvec`] on rows interleaved by [`pack_rows`] (`packed` is the whole matrix
 /// [`pack_rows`] made); `rows.start` is a multiple of [`pack::GROUP_ROWS`].
 pub fn matvec_packed(

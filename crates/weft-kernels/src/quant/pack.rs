@@ -215,6 +215,17 @@ pub fn packed_len(w: GgmlType, n: usize, n_rows: usize) -> usize {
 /// # Panics
 /// If `!packable(w, n)` or `rows` is shorter than `n_rows` rows.
 pub fn pack(w: GgmlType, n: usize, rows: &[u8], n_rows: usize) -> Vec<u8> {
+    let mut out = vec![0u8; packed_len(w, n, n_rows)];
+    pack_into(w, n, rows, n_rows, &mut out);
+    out
+}
+
+/// [`pack`] into `out`, which holds [`packed_len`] zeroed bytes (the padding rows stay
+/// zero): the loader packs into memory of its choosing.
+///
+/// # Panics
+/// As [`pack`], or if `out` is not [`packed_len`] bytes.
+pub fn pack_into(w: GgmlType, n: usize, rows: &[u8], n_rows: usize, out: &mut [u8]) {
     assert!(
         packable(w, n),
         "{w} rows of {n} values cannot be interleaved"
@@ -226,9 +237,14 @@ pub fn pack(w: GgmlType, n: usize, rows: &[u8], n_rows: usize) -> Vec<u8> {
         "pack: {} bytes for {n_rows} {w} rows of {n}",
         rows.len()
     );
-    let mut out = vec![0u8; packed_len(w, n, n_rows)];
+    assert_eq!(
+        out.len(),
+        packed_len(w, n, n_rows),
+        "pack: {n_rows} {w} rows of {n} take {} bytes",
+        packed_len(w, n, n_rows)
+    );
     let windows = Windows::of(w, n, n_rows);
-    for_each_group_block(&mut out, gb, |gi, o| {
+    for_each_group_block(out, gb, |gi, o| {
         let (g, b) = windows.at(gi);
         for r in 0..GROUP_ROWS {
             let row = g * GROUP_ROWS + r;
@@ -243,7 +259,6 @@ pub fn pack(w: GgmlType, n: usize, rows: &[u8], n_rows: usize) -> Vec<u8> {
             }
         }
     });
-    out
 }
 
 /// Puts a 32-value block (Q4_0/Q5_0/Q8_0) as row r of its group block `o`.
