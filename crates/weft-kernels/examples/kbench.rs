@@ -97,7 +97,10 @@ fn bench_matvec(rng: &mut Rng, ty: GgmlType, n: usize, rows: usize, reps: usize)
                     .map(|l| l.split_whitespace().nth(1).unwrap_or("?").to_string())
             })
             .unwrap_or_else(|| "?".into());
-        println!("  (2 MiB pages in use: {got} kB of {} kB)", huge.len() / 1024);
+        println!(
+            "  (2 MiB pages in use: {got} kB of {} kB)",
+            huge.len() / 1024
+        );
         report("huge", median_secs(reps, || run(&huge)));
         return;
     }

@@ -571,8 +571,12 @@ unsafe fn drive<K: GroupKernel, const F: u8, const T: usize>(
         let prefetch = allow_prefetch && t1 - t0 <= 2 * T;
         if t1 - t0 < T {
             for wi in 0..win.count() {
+                // Group g's blocks of this window start `g * blocks.len()` blocks in.
+                let blocks = win.blocks(wi);
+                let base = unsafe { w.add(win.index(0, blocks.start) * K::GB) };
+                let stride = blocks.len() * K::GB;
                 for g in groups.clone() {
-                    let (gp, first) = (at(g, wi), g * GROUP_ROWS);
+                    let (gp, first) = (unsafe { base.add(g * stride) }, g * GROUP_ROWS);
                     for t in t0..t1 {
                         let o_t = unsafe { o.add(t * out_stride) };
                         let acc = match wi {
@@ -584,7 +588,7 @@ unsafe fn drive<K: GroupKernel, const F: u8, const T: usize>(
                                 gp,
                                 [act(t)],
                                 [term(t)],
-                                win.blocks(wi),
+                                blocks.clone(),
                                 prefetch,
                                 acc,
                             )
@@ -600,38 +604,61 @@ unsafe fn drive<K: GroupKernel, const F: u8, const T: usize>(
             let first = g * GROUP_ROWS;
             let mut t = t0;
             while t + T <= t1 {
-                let mut v = zero;
-                for wi in 0..win.count() {
-                    v = unsafe {
-                        group_tile::<K, F, T>(
-                            at(g, wi),
-                            std::array::from_fn(|k| act(t + k)),
-                            std::array::from_fn(|k| term(t + k)),
-                            win.blocks(wi),
-                            prefetch,
-                            v,
-                        )
-                    };
-                }
+                let acts_t = std::array::from_fn(|k| act(t + k));
+                let terms_t = std::array::from_fn(|k| term(t + k));
+                let v = if win.count() == 1 {
+                    unsafe {
+                        group_tile::<K, F, T>(w.add(g * gb), acts_t, terms_t, 0..nb, prefetch, zero)
+                    }
+                } else {
+                    let mut v = zero;
+                    for wi in 0..win.count() {
+                        v = unsafe {
+                            group_tile::<K, F, T>(
+                                at(g, wi),
+                                acts_t,
+                                terms_t,
+                                win.blocks(wi),
+                                prefetch,
+                                v,
+                            )
+                        };
+                    }
+                    v
+                };
                 for (k, v) in v.into_iter().enumerate() {
                     unsafe { store(v, o.add((t + k) * out_stride), first, &rows) };
                 }
                 t += T;
             }
             while t < t1 {
-                let mut v = [zero[0]];
-                for wi in 0..win.count() {
-                    v = unsafe {
+                let v = if win.count() == 1 {
+                    unsafe {
                         group_tile::<K, F, 1>(
-                            at(g, wi),
+                            w.add(g * gb),
                             [act(t)],
                             [term(t)],
-                            win.blocks(wi),
+                            0..nb,
                             prefetch,
-                            v,
+                            [zero[0]],
                         )
-                    };
-                }
+                    }
+                } else {
+                    let mut v = [zero[0]];
+                    for wi in 0..win.count() {
+                        v = unsafe {
+                            group_tile::<K, F, 1>(
+                                at(g, wi),
+                                [act(t)],
+                                [term(t)],
+                                win.blocks(wi),
+                                prefetch,
+                                v,
+                            )
+                        };
+                    }
+                    v
+                };
                 unsafe { store(v[0], o.add(t * out_stride), first, &rows) };
                 t += 1;
             }
