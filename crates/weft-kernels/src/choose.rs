@@ -21,7 +21,7 @@ use crate::quant::{self};
 use crate::{roofline, ThreadPool};
 
 /// Bumped whenever a kernel changes, so timings cached under an older one are retaken.
-pub const REVISION: u32 = 11;
+pub const REVISION: u32 = 12;
 
 /// Values per weight row in the timed matrices: a common hidden size, and a short one for
 /// `Shape::DecodeShort` (Gemma 3 270M's 640, or 512 where blocks hold 256 values).
@@ -237,7 +237,9 @@ fn time_each(
         return Vec::new();
     };
     // The matrix repeats one row, so its interleaved form repeats one group: packed
-    // once and copied. Timing only that layout, it takes `buf` itself (no second copy of
+    // once and copied (the layout of a matrix exactly where its rows are one window,
+    // as every timed width is; a longer row's windows would order the same bytes
+    // otherwise, read at the same speed). Timing only that layout, it takes `buf` itself (no second copy of
     // a buffer sized to outgrow the caches); else a buffer of its own.
     let interleaved = variants
         .iter()

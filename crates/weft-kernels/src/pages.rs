@@ -36,7 +36,7 @@ unsafe impl Sync for Slab {}
 
 impl Slab {
     fn map(len: usize) -> std::io::Result<Slab> {
-        let map_len = len + HUGE_PAGE;
+        let map_len = len.checked_add(HUGE_PAGE).ok_or_else(too_large)?;
         // SAFETY: a fresh private anonymous mapping, checked for failure below.
         // MAP_NORESERVE: the reservation is address space, not memory.
         let map = unsafe {
@@ -77,6 +77,20 @@ impl Drop for Slab {
     }
 }
 
+fn too_large() -> std::io::Error {
+    std::io::Error::new(
+        std::io::ErrorKind::OutOfMemory,
+        "a huge-page buffer larger than the address space",
+    )
+}
+
+/// The system's page size (4 KiB on x86-64, 16 or 64 KiB on some Arm kernels).
+fn page_size() -> usize {
+    // SAFETY: sysconf only reads a system constant.
+    let p = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+    usize::try_from(p).ok().filter(|&p| p > 0).unwrap_or(4096)
+}
+
 /// The slab buffers are carved from now, and how much of it is used.
 struct Bump {
     slab: Option<Arc<Slab>>,
@@ -105,7 +119,11 @@ impl HugeBuf {
     /// Carves `len` zeroed bytes (a range never carved before, so still zero). Where
     /// transparent huge pages are off or refused, the pages are 4 KiB, as `Vec`'s.
     pub fn zeroed(len: usize) -> std::io::Result<HugeBuf> {
-        let need = len.max(1).next_multiple_of(ALIGN);
+        let need = len
+            .max(1)
+            .checked_next_multiple_of(ALIGN)
+            .filter(|&n| n <= isize::MAX as usize / 2)
+            .ok_or_else(too_large)?;
         // A poisoned lock only means a panic elsewhere while carving; the counters are
         // still consistent (updated after the slab is in place).
         let mut bump = BUMP.lock().unwrap_or_else(|e| e.into_inner());
@@ -114,7 +132,8 @@ impl HugeBuf {
             .as_ref()
             .is_some_and(|s| bump.used + need <= s.len);
         if !fits {
-            let slab = Slab::map(need.max(SLAB_BYTES).next_multiple_of(HUGE_PAGE))?;
+            let size = need.max(SLAB_BYTES).checked_next_multiple_of(HUGE_PAGE);
+            let slab = Slab::map(size.ok_or_else(too_large)?)?;
             bump.slab = Some(Arc::new(slab));
             bump.used = 0;
         }
@@ -149,7 +168,9 @@ impl Drop for HugeBuf {
     fn drop(&mut self) {
         // Give the buffer's whole pages back now (its range is never carved again);
         // pages it shares with a neighbour stay, and the slab goes with its last buffer.
-        let page = 4096;
+        // The real page size: madvise rounds its length up to whole pages, so a smaller
+        // guess could reach into the next buffer.
+        let page = page_size();
         let start = (self.ptr as usize).next_multiple_of(page);
         let end = (self.ptr as usize + self.len) / page * page;
         if end > start {
@@ -164,7 +185,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn buffers_are_zeroed_disjoint_and_follow_each_other() {
+    fn buffers_are_zeroed_disjoint_and_keep_their_bytes() {
         let lens = [0usize, 1, 4096, 3 * HUGE_PAGE + 123, 100];
         let mut bufs: Vec<HugeBuf> = lens
             .iter()
@@ -196,5 +217,9 @@ mod tests {
         drop(bufs);
         let again = HugeBuf::zeroed(4096).expect("mmap");
         assert!(again.iter().all(|&x| x == 0), "a later buffer is zero too");
+        assert!(
+            HugeBuf::zeroed(usize::MAX - 10).is_err(),
+            "too large is an error"
+        );
     }
 }

@@ -14,8 +14,8 @@ pub fn read_bandwidth(pool: &ThreadPool, bytes: usize, reps: usize) -> f64 {
     let mut huge = crate::pages::HugeBuf::zeroed(words * 8).ok();
     let mut vec = Vec::new();
     let buf: &mut [u64] = match huge.as_deref_mut() {
-        // SAFETY: any bytes are valid u64s; a mapped buffer is 2 MiB-aligned, so
-        // align_to leaves no head (a small heap one may, and loses at most a word).
+        // SAFETY: any bytes are valid u64s; the buffer is 64-byte aligned, so align_to
+        // leaves no head.
         Some(b) => unsafe { b.align_to_mut::<u64>().1 },
         None => {
             vec.resize(words, 0u64);

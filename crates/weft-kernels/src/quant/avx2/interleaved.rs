@@ -219,7 +219,7 @@ impl GroupKernel for Q4K {
                     }
                 }
                 for t in 0..N {
-                    // Each i32 lane sums 32 products of at most 240 * 128: far from
+                    // Each i32 lane sums 16 products of at most 240 * 128: far from
                     // overflow, and a multiple of 16 when the nibbles sat in place.
                     let hi = if in_place {
                         _mm256_srai_epi32::<4>(dot_hi[t])
