@@ -529,11 +529,11 @@ thread_local! {
 
 /// Matmul (and matvec, `m` = 1) of interleaved rows: token chunks that stay in L2 (their
 /// per-block terms made once), then groups, then tiles of `T` tokens (and single
-/// tokens at the edge), each tile through every window of the row. A chunk of fewer
-/// tokens than a tile (decode) walks the matrix window by window instead, in the order
-/// its bytes lie, each window adding to what the last one stored: the same float steps
-/// in the same order, so the same bits. Software prefetch runs where `allow_prefetch`
-/// and a chunk has few tokens.
+/// tokens at the edge). Rows of several windows are walked window by window, in the
+/// order their bytes lie, each tile adding to what the same tile stored for the last
+/// window: the same float steps in the same order, so the same bits whichever way a
+/// row is cut or a token batched. Software prefetch runs where `allow_prefetch` and a
+/// chunk has few tokens.
 ///
 /// # Safety
 /// AVX2/FMA/F16C and what form `F` needs present; `rows.start` is a multiple of 8;
@@ -559,8 +559,6 @@ unsafe fn drive<K: GroupKernel, const F: u8, const T: usize>(
     let zero = [_mm256_setzero_ps(); T];
     let (w, a, o) = (packed.as_ptr(), acts.as_ptr(), out.as_mut_ptr());
     let win = Windows::new(K::BLOCK_VALUES, nb, packed.len() / gb.max(1));
-    // Where group g's blocks of window `wi` start.
-    let at = |g: usize, wi: usize| unsafe { w.add(win.index(g, win.blocks(wi).start) * K::GB) };
     // SAFETY: this thread's own buffer, and nothing `drive` calls drives again, so no
     // other reference to it lives meanwhile.
     let terms = unsafe { &mut *TERMS.with(|t| t.get()) };
@@ -587,7 +585,7 @@ unsafe fn drive<K: GroupKernel, const F: u8, const T: usize>(
         let prefetch = allow_prefetch && t1 - t0 <= 2 * T;
         // Rows of one window keep the group loop below: the window walk, same bits, cost
         // their decode a few per cent when timed side by side.
-        if t1 - t0 < T && win.count() > 1 {
+        if win.count() > 1 {
             for wi in 0..win.count() {
                 // Group g's blocks of this window start `g * blocks.len()` blocks in.
                 let blocks = win.blocks(wi);
@@ -595,11 +593,34 @@ unsafe fn drive<K: GroupKernel, const F: u8, const T: usize>(
                 let stride = blocks.len() * K::GB;
                 for g in groups.clone() {
                     let (gp, first) = (unsafe { base.add(g * stride) }, g * GROUP_ROWS);
-                    for t in t0..t1 {
-                        let o_t = unsafe { o.add(t * out_stride) };
+                    let out_t = |t: usize| unsafe { o.add(t * out_stride) };
+                    let mut t = t0;
+                    while t + T <= t1 {
+                        let acc = match wi {
+                            0 => zero,
+                            _ => std::array::from_fn(|k| unsafe {
+                                reload(out_t(t + k), first, &rows)
+                            }),
+                        };
+                        let v = unsafe {
+                            group_tile::<K, F, T>(
+                                gp,
+                                std::array::from_fn(|k| act(t + k)),
+                                std::array::from_fn(|k| term(t + k)),
+                                blocks.clone(),
+                                prefetch,
+                                acc,
+                            )
+                        };
+                        for (k, v) in v.into_iter().enumerate() {
+                            unsafe { store(v, out_t(t + k), first, &rows) };
+                        }
+                        t += T;
+                    }
+                    while t < t1 {
                         let acc = match wi {
                             0 => [zero[0]],
-                            _ => [unsafe { reload(o_t, first, &rows) }],
+                            _ => [unsafe { reload(out_t(t), first, &rows) }],
                         };
                         let [v] = unsafe {
                             group_tile::<K, F, 1>(
@@ -611,38 +632,28 @@ unsafe fn drive<K: GroupKernel, const F: u8, const T: usize>(
                                 acc,
                             )
                         };
-                        unsafe { store(v, o_t, first, &rows) };
+                        unsafe { store(v, out_t(t), first, &rows) };
+                        t += 1;
                     }
                 }
             }
             t0 = t1;
             continue;
         }
+        // Rows of one window: group after group, each group's blocks in order.
         for g in groups.clone() {
-            let first = g * GROUP_ROWS;
+            let (gp, first) = (unsafe { w.add(g * gb) }, g * GROUP_ROWS);
             let mut t = t0;
             while t + T <= t1 {
-                let acts_t = std::array::from_fn(|k| act(t + k));
-                let terms_t = std::array::from_fn(|k| term(t + k));
-                let v = if win.count() == 1 {
-                    unsafe {
-                        group_tile::<K, F, T>(w.add(g * gb), acts_t, terms_t, 0..nb, prefetch, zero)
-                    }
-                } else {
-                    let mut v = zero;
-                    for wi in 0..win.count() {
-                        v = unsafe {
-                            group_tile::<K, F, T>(
-                                at(g, wi),
-                                acts_t,
-                                terms_t,
-                                win.blocks(wi),
-                                prefetch,
-                                v,
-                            )
-                        };
-                    }
-                    v
+                let v = unsafe {
+                    group_tile::<K, F, T>(
+                        gp,
+                        std::array::from_fn(|k| act(t + k)),
+                        std::array::from_fn(|k| term(t + k)),
+                        0..nb,
+                        prefetch,
+                        zero,
+                    )
                 };
                 for (k, v) in v.into_iter().enumerate() {
                     unsafe { store(v, o.add((t + k) * out_stride), first, &rows) };
@@ -650,34 +661,10 @@ unsafe fn drive<K: GroupKernel, const F: u8, const T: usize>(
                 t += T;
             }
             while t < t1 {
-                let v = if win.count() == 1 {
-                    unsafe {
-                        group_tile::<K, F, 1>(
-                            w.add(g * gb),
-                            [act(t)],
-                            [term(t)],
-                            0..nb,
-                            prefetch,
-                            [zero[0]],
-                        )
-                    }
-                } else {
-                    let mut v = [zero[0]];
-                    for wi in 0..win.count() {
-                        v = unsafe {
-                            group_tile::<K, F, 1>(
-                                at(g, wi),
-                                [act(t)],
-                                [term(t)],
-                                win.blocks(wi),
-                                prefetch,
-                                v,
-                            )
-                        };
-                    }
-                    v
+                let [v] = unsafe {
+                    group_tile::<K, F, 1>(gp, [act(t)], [term(t)], 0..nb, prefetch, [zero[0]])
                 };
-                unsafe { store(v[0], o.add(t * out_stride), first, &rows) };
+                unsafe { store(v, o.add(t * out_stride), first, &rows) };
                 t += 1;
             }
         }
