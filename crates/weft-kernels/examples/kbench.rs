@@ -123,13 +123,27 @@ fn bench_matvec(rng: &mut Rng, ty: GgmlType, n: usize, rows: usize, reps: usize)
             black_box(&out);
         });
         report("hot-interleaved", hot);
-        let mut i = 0;
-        let cold = median_secs(reps.max(copies), || {
-            i = (i + 1) % copies;
-            quant::matvec_packed(ty, n, &packed[i], 0..rows, &act, &mut out);
-            black_box(&out);
-        });
-        report("cold-interleaved", cold);
+        // Cold, with software prefetch and without (the choice `weft bench --kernels`
+        // times; the bits are the same).
+        for (prefetch, what) in [(true, "cold-interleaved"), (false, "cold-interleaved-nopf")] {
+            let mut i = 0;
+            let cold = median_secs(reps.max(copies), || {
+                i = (i + 1) % copies;
+                quant::matmul_packed_on(
+                    prefetch,
+                    ty,
+                    n,
+                    &packed[i],
+                    0..rows,
+                    &act,
+                    1,
+                    &mut out,
+                    rows,
+                );
+                black_box(&out);
+            });
+            report(what, cold);
+        }
     }
 }
 

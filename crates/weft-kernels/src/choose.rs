@@ -237,10 +237,9 @@ fn time_each(
         return Vec::new();
     };
     // The matrix repeats one row, so its interleaved form repeats one group: packed
-    // once and copied (the layout of a matrix exactly where its rows are one window,
-    // as every timed width is; a longer row's windows would order the same bytes
-    // otherwise, read at the same speed). Timing only that layout, it takes `buf` itself (no second copy of
-    // a buffer sized to outgrow the caches); else a buffer of its own.
+    // once and copied (exactly a matrix's layout where its rows are one window, as every
+    // timed width is). Timing only that layout, it takes `buf` itself (no second copy
+    // of a buffer sized to outgrow the caches); else a buffer of its own.
     let interleaved = variants
         .iter()
         .find(|v| matches!(v, Variant::Interleaved { .. }));

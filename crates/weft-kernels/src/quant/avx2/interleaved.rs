@@ -583,89 +583,54 @@ unsafe fn drive<K: GroupKernel, const F: u8, const T: usize>(
         // Few tokens leave the loop bound by memory, as matvec is; many reuse each group
         // long enough for the hardware prefetcher.
         let prefetch = allow_prefetch && t1 - t0 <= 2 * T;
-        // Rows of one window keep the group loop below: the window walk, same bits, cost
-        // their decode a few per cent when timed side by side.
-        if win.count() > 1 {
-            for wi in 0..win.count() {
-                // Group g's blocks of this window start `g * blocks.len()` blocks in.
-                let blocks = win.blocks(wi);
-                let base = unsafe { w.add(win.index(0, blocks.start) * K::GB) };
-                let stride = blocks.len() * K::GB;
-                for g in groups.clone() {
-                    let (gp, first) = (unsafe { base.add(g * stride) }, g * GROUP_ROWS);
-                    let out_t = |t: usize| unsafe { o.add(t * out_stride) };
-                    let mut t = t0;
-                    while t + T <= t1 {
-                        let acc = match wi {
-                            0 => zero,
-                            _ => std::array::from_fn(|k| unsafe {
-                                reload(out_t(t + k), first, &rows)
-                            }),
-                        };
-                        let v = unsafe {
-                            group_tile::<K, F, T>(
-                                gp,
-                                std::array::from_fn(|k| act(t + k)),
-                                std::array::from_fn(|k| term(t + k)),
-                                blocks.clone(),
-                                prefetch,
-                                acc,
-                            )
-                        };
-                        for (k, v) in v.into_iter().enumerate() {
-                            unsafe { store(v, out_t(t + k), first, &rows) };
-                        }
-                        t += T;
+        for wi in 0..win.count() {
+            // Group g's blocks of this window start `g * blocks.len()` blocks in (for a
+            // row of one window, group after group as the rows lie).
+            let blocks = win.blocks(wi);
+            let base = unsafe { w.add(win.index(0, blocks.start) * K::GB) };
+            let stride = blocks.len() * K::GB;
+            for g in groups.clone() {
+                let (gp, first) = (unsafe { base.add(g * stride) }, g * GROUP_ROWS);
+                let out_t = |t: usize| unsafe { o.add(t * out_stride) };
+                let mut t = t0;
+                while t + T <= t1 {
+                    let acc = match wi {
+                        0 => zero,
+                        _ => std::array::from_fn(|k| unsafe { reload(out_t(t + k), first, &rows) }),
+                    };
+                    let v = unsafe {
+                        group_tile::<K, F, T>(
+                            gp,
+                            std::array::from_fn(|k| act(t + k)),
+                            std::array::from_fn(|k| term(t + k)),
+                            blocks.clone(),
+                            prefetch,
+                            acc,
+                        )
+                    };
+                    for (k, v) in v.into_iter().enumerate() {
+                        unsafe { store(v, out_t(t + k), first, &rows) };
                     }
-                    while t < t1 {
-                        let acc = match wi {
-                            0 => [zero[0]],
-                            _ => [unsafe { reload(out_t(t), first, &rows) }],
-                        };
-                        let [v] = unsafe {
-                            group_tile::<K, F, 1>(
-                                gp,
-                                [act(t)],
-                                [term(t)],
-                                blocks.clone(),
-                                prefetch,
-                                acc,
-                            )
-                        };
-                        unsafe { store(v, out_t(t), first, &rows) };
-                        t += 1;
-                    }
+                    t += T;
                 }
-            }
-            t0 = t1;
-            continue;
-        }
-        // Rows of one window: group after group, each group's blocks in order.
-        for g in groups.clone() {
-            let (gp, first) = (unsafe { w.add(g * gb) }, g * GROUP_ROWS);
-            let mut t = t0;
-            while t + T <= t1 {
-                let v = unsafe {
-                    group_tile::<K, F, T>(
-                        gp,
-                        std::array::from_fn(|k| act(t + k)),
-                        std::array::from_fn(|k| term(t + k)),
-                        0..nb,
-                        prefetch,
-                        zero,
-                    )
-                };
-                for (k, v) in v.into_iter().enumerate() {
-                    unsafe { store(v, o.add((t + k) * out_stride), first, &rows) };
+                while t < t1 {
+                    let acc = match wi {
+                        0 => [zero[0]],
+                        _ => [unsafe { reload(out_t(t), first, &rows) }],
+                    };
+                    let [v] = unsafe {
+                        group_tile::<K, F, 1>(
+                            gp,
+                            [act(t)],
+                            [term(t)],
+                            blocks.clone(),
+                            prefetch,
+                            acc,
+                        )
+                    };
+                    unsafe { store(v, out_t(t), first, &rows) };
+                    t += 1;
                 }
-                t += T;
-            }
-            while t < t1 {
-                let [v] = unsafe {
-                    group_tile::<K, F, 1>(gp, [act(t)], [term(t)], 0..nb, prefetch, [zero[0]])
-                };
-                unsafe { store(v, o.add(t * out_stride), first, &rows) };
-                t += 1;
             }
         }
         t0 = t1;
