@@ -76,32 +76,7 @@ pub fn gated_scalar(gate: &mut [f32], up: &[f32], gelu: bool) {
 mod avx2 {
     use std::arch::x86_64::*;
 
-    /// e^x for 8 lanes, Cephes' expf polynomial (about 1 ulp on the range that matters).
-    #[target_feature(enable = "avx2,fma")]
-    unsafe fn exp(x: __m256) -> __m256 {
-        let x = _mm256_min_ps(
-            _mm256_max_ps(x, _mm256_set1_ps(-87.3)),
-            _mm256_set1_ps(88.3),
-        );
-        let n = _mm256_round_ps(
-            _mm256_mul_ps(x, _mm256_set1_ps(std::f32::consts::LOG2_E)),
-            _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC,
-        );
-        // r = x - n ln2, with ln2 split in two so the product is exact.
-        let r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693_359_4), x);
-        let r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.121_944_4e-4), r);
-        let mut p = _mm256_set1_ps(1.987_569_1e-4);
-        for c in [1.398_2e-3, 8.333_452e-3, 4.166_579_6e-2, 0.166_666_65, 0.5] {
-            p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(c));
-        }
-        let r2 = _mm256_mul_ps(r, r);
-        let y = _mm256_add_ps(_mm256_fmadd_ps(p, r2, r), _mm256_set1_ps(1.0));
-        let pow2n = _mm256_castsi256_ps(_mm256_slli_epi32::<23>(_mm256_add_epi32(
-            _mm256_cvtps_epi32(n),
-            _mm256_set1_epi32(127),
-        )));
-        _mm256_mul_ps(y, pow2n)
-    }
+    use crate::vecops::avx2::exp;
 
     /// gate = silu(gate) · up for 8 lanes at a time.
     #[target_feature(enable = "avx2,fma")]

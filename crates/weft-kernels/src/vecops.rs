@@ -75,6 +75,52 @@ pub fn axpy_rows(w: &[f32], rows: &[&[f32]], y: &mut [f32]) {
     }
 }
 
+/// out[j] = q · rows[j]: a block of attention scores against one query.
+pub fn dot_rows(q: &[f32], rows: &[&[f32]], out: &mut [f32]) {
+    assert_eq!(rows.len(), out.len());
+    assert!(rows.iter().all(|r| r.len() == q.len()));
+    #[cfg(target_arch = "x86_64")]
+    if has_avx2() {
+        // SAFETY: AVX2 and FMA were detected at run time; every row is q.len() long.
+        return unsafe { avx2::dot_rows(q, rows, out) };
+    }
+    for (o, r) in out.iter_mut().zip(rows) {
+        *o = dot_scalar(q, r);
+    }
+}
+
+/// s[i] = e^(s[i] - max), returning Σ s[i]: a block of attention scores made weights.
+pub fn exp_shifted(s: &mut [f32], max: f32) -> f32 {
+    #[cfg(target_arch = "x86_64")]
+    if has_avx2() {
+        // SAFETY: AVX2 and FMA were detected at run time.
+        return unsafe { avx2::exp_shifted(s, max) };
+    }
+    let mut sum = 0.0;
+    for v in s {
+        *v = (*v - max).exp();
+        sum += *v;
+    }
+    sum
+}
+
+/// Asks for every cache line of `x` ahead of its use: attention's next block of cached
+/// rows, whose strided rows the hardware prefetchers do not follow.
+#[inline]
+pub fn prefetch(x: &[f32]) {
+    #[cfg(target_arch = "x86_64")]
+    for line in x.chunks(16) {
+        // SAFETY: a prefetch is a hint; the address is inside `x`.
+        unsafe {
+            std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T1 }>(
+                line.as_ptr().cast(),
+            )
+        };
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = x;
+}
+
 /// x[i] *= alpha.
 pub fn scale(x: &mut [f32], alpha: f32) {
     for v in x {
@@ -83,8 +129,104 @@ pub fn scale(x: &mut [f32], alpha: f32) {
 }
 
 #[cfg(target_arch = "x86_64")]
-mod avx2 {
+pub(crate) mod avx2 {
     use std::arch::x86_64::*;
+
+    /// e^x for 8 lanes, Cephes' expf polynomial (about 1 ulp on the range that matters).
+    #[target_feature(enable = "avx2,fma")]
+    pub(crate) unsafe fn exp(x: __m256) -> __m256 {
+        let x = _mm256_min_ps(
+            _mm256_max_ps(x, _mm256_set1_ps(-87.3)),
+            _mm256_set1_ps(88.3),
+        );
+        let n = _mm256_round_ps(
+            _mm256_mul_ps(x, _mm256_set1_ps(std::f32::consts::LOG2_E)),
+            _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC,
+        );
+        // r = x - n ln2, with ln2 split in two so the product is exact.
+        let r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693_359_4), x);
+        let r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.121_944_4e-4), r);
+        let mut p = _mm256_set1_ps(1.987_569_1e-4);
+        for c in [1.398_2e-3, 8.333_452e-3, 4.166_579_6e-2, 0.166_666_65, 0.5] {
+            p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(c));
+        }
+        let r2 = _mm256_mul_ps(r, r);
+        let y = _mm256_add_ps(_mm256_fmadd_ps(p, r2, r), _mm256_set1_ps(1.0));
+        let pow2n = _mm256_castsi256_ps(_mm256_slli_epi32::<23>(_mm256_add_epi32(
+            _mm256_cvtps_epi32(n),
+            _mm256_set1_epi32(127),
+        )));
+        _mm256_mul_ps(y, pow2n)
+    }
+
+    /// out[j] = q · rows[j], eight rows at a time: one transposing reduction gives the
+    /// eight sums, where a dot at a time paid a horizontal sum each. Rows must be
+    /// `q.len()` long (checked by the caller).
+    #[target_feature(enable = "avx2,fma")]
+    pub unsafe fn dot_rows(q: &[f32], rows: &[&[f32]], out: &mut [f32]) {
+        let n = q.len();
+        let pq = q.as_ptr();
+        let mut j = 0;
+        while j + 8 <= rows.len() && n.is_multiple_of(16) {
+            // Row by row, each read front to back (a stream the hardware prefetcher
+            // follows; eight rows read side by side were not), its lanes kept for one
+            // transposing reduction of all eight.
+            let mut acc = [_mm256_setzero_ps(); 8];
+            for (r, a) in acc.iter_mut().enumerate() {
+                let p = rows[j + r].as_ptr();
+                let (mut a0, mut a1) = (_mm256_setzero_ps(), _mm256_setzero_ps());
+                let mut i = 0;
+                while i < n {
+                    a0 = _mm256_fmadd_ps(_mm256_loadu_ps(pq.add(i)), _mm256_loadu_ps(p.add(i)), a0);
+                    a1 = _mm256_fmadd_ps(
+                        _mm256_loadu_ps(pq.add(i + 8)),
+                        _mm256_loadu_ps(p.add(i + 8)),
+                        a1,
+                    );
+                    i += 16;
+                }
+                *a = _mm256_add_ps(a0, a1);
+            }
+            let t0 = _mm256_hadd_ps(acc[0], acc[1]);
+            let t1 = _mm256_hadd_ps(acc[2], acc[3]);
+            let t2 = _mm256_hadd_ps(acc[4], acc[5]);
+            let t3 = _mm256_hadd_ps(acc[6], acc[7]);
+            let (u0, u1) = (_mm256_hadd_ps(t0, t1), _mm256_hadd_ps(t2, t3));
+            let sums = _mm256_add_ps(
+                _mm256_permute2f128_ps::<0x20>(u0, u1),
+                _mm256_permute2f128_ps::<0x31>(u0, u1),
+            );
+            _mm256_storeu_ps(out.as_mut_ptr().add(j), sums);
+            j += 8;
+        }
+        for (o, r) in out[j..].iter_mut().zip(&rows[j..]) {
+            *o = dot(q, r);
+        }
+    }
+
+    /// s[i] = e^(s[i] - max), returning their sum.
+    #[target_feature(enable = "avx2,fma")]
+    pub unsafe fn exp_shifted(s: &mut [f32], max: f32) -> f32 {
+        let n = s.len();
+        let p = s.as_mut_ptr();
+        let m = _mm256_set1_ps(max);
+        let mut acc = _mm256_setzero_ps();
+        let mut i = 0;
+        while i + 8 <= n {
+            let e = exp(_mm256_sub_ps(_mm256_loadu_ps(p.add(i)), m));
+            _mm256_storeu_ps(p.add(i), e);
+            acc = _mm256_add_ps(acc, e);
+            i += 8;
+        }
+        let mut lanes = [0f32; 8];
+        _mm256_storeu_ps(lanes.as_mut_ptr(), acc);
+        let mut sum: f32 = lanes.iter().sum();
+        for v in &mut s[i..] {
+            *v = (*v - max).exp();
+            sum += *v;
+        }
+        sum
+    }
 
     #[target_feature(enable = "avx2,fma")]
     pub unsafe fn dot(a: &[f32], b: &[f32]) -> f32 {
@@ -126,6 +268,24 @@ mod avx2 {
         let n = y.len();
         let py = y.as_mut_ptr();
         let mut i = 0;
+        // Eight accumulators a row: eight independent FMA chains keep both FMA units
+        // busy, where four waited out the FMA latency (attention's value rows, 128 wide).
+        while i + 64 <= n {
+            let mut acc = [_mm256_setzero_ps(); 8];
+            for (k, a) in acc.iter_mut().enumerate() {
+                *a = _mm256_loadu_ps(py.add(i + 8 * k));
+            }
+            for (&wj, r) in w.iter().zip(rows) {
+                let (va, pr) = (_mm256_set1_ps(wj), r.as_ptr().add(i));
+                for (k, a) in acc.iter_mut().enumerate() {
+                    *a = _mm256_fmadd_ps(va, _mm256_loadu_ps(pr.add(8 * k)), *a);
+                }
+            }
+            for (k, a) in acc.iter().enumerate() {
+                _mm256_storeu_ps(py.add(i + 8 * k), *a);
+            }
+            i += 64;
+        }
         while i + 32 <= n {
             let mut a0 = _mm256_loadu_ps(py.add(i));
             let mut a1 = _mm256_loadu_ps(py.add(i + 8));
@@ -196,6 +356,39 @@ mod tests {
             for i in 0..n {
                 assert!((y[i] - (b[i] + 2.0 * a[i])).abs() < 1e-6);
             }
+            // Dots of up to 19 rows (two blocks of eight and a tail) against one query.
+            let many: Vec<Vec<f32>> = (0..19)
+                .map(|r| b.iter().map(|v| v * (r as f32 * 0.25 - 2.0)).collect())
+                .collect();
+            for k in [0, 1, 8, 9, 19] {
+                let refs: Vec<&[f32]> = many[..k].iter().map(|r| &r[..]).collect();
+                let mut got = vec![0f32; k];
+                dot_rows(&a, &refs, &mut got);
+                for (g, r) in got.iter().zip(&refs) {
+                    let exact: f64 = a.iter().zip(*r).map(|(x, y)| *x as f64 * *y as f64).sum();
+                    assert!(
+                        (*g as f64 - exact).abs() < 1e-3,
+                        "n={n} k={k}: {g} vs {exact}"
+                    );
+                }
+            }
+            // Weights from scores: e^(s - max) and their sum.
+            let mut w = a.clone();
+            let max = a.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+            let total = exp_shifted(&mut w, max);
+            let mut want_total = 0f64;
+            for (got, s) in w.iter().zip(&a) {
+                let want = ((*s - max) as f64).exp();
+                want_total += want;
+                assert!(
+                    (*got as f64 - want).abs() < 1e-6 * want.max(1.0),
+                    "{got} vs {want}"
+                );
+            }
+            assert!(
+                (total as f64 - want_total).abs() < 1e-5 * want_total,
+                "n={n}"
+            );
             // Rows against the one-row-at-a-time sum, for 0, 1 and several rows.
             let rows: Vec<Vec<f32>> = (0..5)
                 .map(|r| a.iter().map(|v| v * (r as f32 - 1.5)).collect())

@@ -93,6 +93,11 @@ impl Engine {
         self.step(prompt, Logits::Last)
     }
 
+    /// Appends `tokens` after what the cache holds and leaves the last one's logits.
+    pub fn extend(&mut self, tokens: &[u32]) -> Result<(), ModelError> {
+        self.step(tokens, Logits::Last)
+    }
+
     /// Appends one token and leaves its logits.
     pub fn decode(&mut self, token: u32) -> Result<(), ModelError> {
         self.step(&[token], Logits::Last)

@@ -18,11 +18,11 @@ use weft_gguf::{GgmlType, GgufFile};
 use weft_kernels::ops::{self, Rope};
 use weft_kernels::{quant, vecops, ThreadPool};
 
-use crate::attention::{attend, HeadView};
+use crate::attention::{attend_rows, BatchRows, HeadGroups, HeadView, Strided};
 use crate::config::{MlaConfig, ModelConfig};
 use crate::error::ModelError;
 use crate::kv::KvCache;
-use crate::rows::{for_each_row, linear, linears_of_one_input, SendPtr};
+use crate::rows::{for_each_row, linear, linears_of_one_input};
 use crate::weights::{load_vector, Linear};
 
 /// The query projection: plain (`attn_q`) or low-rank (`attn_q_a`, its norm, `attn_q_b`).
@@ -290,27 +290,33 @@ impl MlaAttn {
         for_each_row(pool, &mut s.qc, cl, cl, m, &|_, row| {
             vecops::scale(row, c.kq_scale)
         });
-        let caches = &*caches;
-        let lat = SendPtr::new(s.lat.as_mut_ptr());
-        let qc = &s.qc;
         let view = HeadView {
             key: (0, w),
             value: (0, kvr),
         };
-        pool.run(m * nh, &|task| {
-            let (t, h) = (task / nh, task % nh);
-            let lkv = &caches[row_seq[t]].layers[layer];
-            // SAFETY: each (token, head) task writes its own kv_lora_rank slice of `lat`.
-            let out =
-                unsafe { std::slice::from_raw_parts_mut(lat.get().add(t * ll + h * kvr), kvr) };
-            attend(
-                &qc[t * cl + h * w..t * cl + (h + 1) * w],
-                lkv,
-                view,
-                0..row_pos[t] + 1,
-                out,
-            );
-        });
+        // Every head reads the one latent row a position: one group of all the heads.
+        let rows = BatchRows {
+            pos: &row_pos[..m],
+            seq: &row_seq[..m],
+            caches,
+            layer,
+            window: None,
+        };
+        let heads = HeadGroups {
+            heads: nh,
+            group: nh,
+            skew: 0,
+        };
+        attend_rows(
+            pool,
+            &rows,
+            heads,
+            &|_| view,
+            &s.qc,
+            Strided { row: cl, head: w },
+            &mut s.lat,
+            Strided { row: ll, head: kvr },
+        );
         for (h, v_b) in self.v_b.iter().enumerate() {
             linear(
                 pool,

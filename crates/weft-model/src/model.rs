@@ -8,7 +8,7 @@ use weft_gguf::GgufFile;
 use weft_kernels::ops::{self, Rope};
 use weft_kernels::{vecops, ThreadPool};
 
-use crate::attention::{attend, HeadView};
+use crate::attention::{attend_rows, BatchRows, HeadGroups, HeadView, Strided};
 use crate::batch::{self, SeqSpan};
 use crate::collective::Collective;
 use crate::config::ModelConfig;
@@ -706,33 +706,28 @@ impl Model {
             lkv.v[s..s + kvl].copy_from_slice(&ws.v[t * kvl..(t + 1) * kvl]);
         }
         let group = cfg.n_head / cfg.n_head_kv;
-        let head0 = self.shard.heads.start;
-        let kv0 = self.kv_heads.start;
-        let caches = &*caches;
-        let row_seq = &ws.row_seq;
-        let att_ptr = SendPtr::new(ws.att.as_mut_ptr());
-        let q = &ws.q;
-        let window = layer.window;
-        pool.run(m * nh, &|task| {
-            let (t, h) = (task / nh, task % nh);
-            let pos = row_pos[t];
-            let lkv = &caches[row_seq[t]].layers[li];
-            let kvh = (head0 + h) / group - kv0;
-            let first = match window {
-                Some(w) => (pos + 1).saturating_sub(w),
-                None => 0,
-            };
-            // SAFETY: each (token, head) task writes its own head_dim slice of `att`.
-            let out =
-                unsafe { std::slice::from_raw_parts_mut(att_ptr.get().add(t * ql + h * hd), hd) };
-            attend(
-                &q[t * ql + h * hd..t * ql + (h + 1) * hd],
-                lkv,
-                HeadView::gqa(kvh * hd, hd),
-                first..pos + 1,
-                out,
-            );
-        });
+        let heads = HeadGroups {
+            heads: nh,
+            group,
+            skew: self.shard.heads.start - self.kv_heads.start * group,
+        };
+        let rows = BatchRows {
+            pos: &ws.row_pos[..m],
+            seq: &ws.row_seq[..m],
+            caches,
+            layer: li,
+            window: layer.window,
+        };
+        attend_rows(
+            pool,
+            &rows,
+            heads,
+            &|r| HeadView::gqa(r * hd, hd),
+            &ws.q,
+            Strided { row: ql, head: hd },
+            &mut ws.att,
+            Strided { row: ql, head: hd },
+        );
         self.finish_layer(li, m, coll, pool)
     }
 

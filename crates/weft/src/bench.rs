@@ -21,17 +21,24 @@ pub fn run(a: BenchArgs) -> Result<()> {
         return crate::bench_kernels::run(a.json);
     }
     if a.layout.is_cluster() || !a.compare.is_empty() {
+        if a.depth > 0 {
+            anyhow::bail!("--depth is measured on one node; drop it or the cluster flags");
+        }
         return crate::bench_cluster::run(&a);
     }
     let path = resolve_model(a.model.clone())?;
     let threads = resolve_threads(a.threads)?;
-    let n_ctx = (a.prefill + a.decode + 8).max(64);
+    let n_ctx = (a.depth + a.prefill + a.decode + 8).max(64);
     let (mut engine, load_s) = load_engine(&path, threads, n_ctx)?;
     let n_vocab = engine.model.cfg.n_vocab as u32;
     // Pseudo-random prompt tokens, as llama-bench uses.
     let mut next = crate::bench_tokens::pseudo_random_tokens(n_vocab as u64);
     let prompt: Vec<u32> = (0..a.prefill).map(|_| next()).collect();
     let bos = engine.tokenizer.bos_id().unwrap_or(0);
+    // The context each test starts after: BOS alone, or BOS and `depth - 1` more tokens.
+    let context: Vec<u32> = std::iter::once(bos)
+        .chain((1..a.depth.max(1)).map(|_| next()))
+        .collect();
     // Warm-up: touch every weight page once.
     engine
         .prefill(&prompt[..prompt.len().min(8)])
@@ -41,12 +48,19 @@ pub fn run(a: BenchArgs) -> Result<()> {
     let mut expert_read = 0u64;
     for _ in 0..a.reps.max(1) {
         if a.prefill > 0 {
+            if a.depth > 0 {
+                engine.prefill(&context).context("prefill depth")?;
+            }
             let t = Instant::now();
-            engine.prefill(&prompt).context("prefill")?;
+            if a.depth > 0 {
+                engine.extend(&prompt).context("prefill")?;
+            } else {
+                engine.prefill(&prompt).context("prefill")?;
+            }
             pp.push(a.prefill as f64 / t.elapsed().as_secs_f64());
         }
         if a.decode > 0 {
-            engine.prefill(&[bos]).context("decode start")?;
+            engine.prefill(&context).context("decode start")?;
             engine.model.take_expert_bytes_read();
             let t = Instant::now();
             let mut tok = bos;
@@ -87,7 +101,7 @@ pub fn run(a: BenchArgs) -> Result<()> {
             json!({
                 "model": path.display().to_string(),
                 "threads": threads,
-                "pp": a.prefill, "tg": a.decode, "reps": a.reps,
+                "pp": a.prefill, "tg": a.decode, "reps": a.reps, "depth": a.depth,
                 "pp_tok_s": pp_med, "pp_tok_s_sd": pp_sd, "pp_samples": pp,
                 "tg_tok_s": tg_med, "tg_tok_s_sd": tg_sd, "tg_samples": tg,
                 "bytes_per_token": bytes_per_token,
@@ -110,8 +124,20 @@ pub fn run(a: BenchArgs) -> Result<()> {
             "model {} | {threads} threads | load {load_s:.2}s",
             path.display()
         )?;
-        outln!("pp{:<5} {pp_med:8.1} tok/s  ± {pp_sd:.1}", a.prefill)?;
-        outln!("tg{:<5} {tg_med:8.1} tok/s  ± {tg_sd:.1}", a.decode)?;
+        // As llama-bench names its tests: "pp512", or "pp512 @ d4096" after a context.
+        let at = if a.depth > 0 {
+            format!(" @ d{}", a.depth)
+        } else {
+            String::new()
+        };
+        outln!(
+            "{:<12} {pp_med:8.1} tok/s  ± {pp_sd:.1}",
+            format!("pp{}{at}", a.prefill)
+        )?;
+        outln!(
+            "{:<12} {tg_med:8.1} tok/s  ± {tg_sd:.1}",
+            format!("tg{}{at}", a.decode)
+        )?;
         if let Some(b) = batched {
             outln!(
                 "tg{:<5} {b:8.1} tok/s  aggregate of {} sequences in batched steps ({:.2}x)",

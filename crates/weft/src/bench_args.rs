@@ -26,6 +26,10 @@ pub struct BenchArgs {
     pub decode: usize,
     #[arg(long, short = 'r', default_value_t = 5)]
     pub reps: usize,
+    /// Tokens already in the cache, untimed, before each prefill and decode test (as
+    /// llama-bench's -d): attention's cost at long context.
+    #[arg(long, short = 'd', default_value_t = 0)]
+    pub depth: usize,
     /// Also decode this many sequences together in batched steps (aggregate tok/s).
     #[arg(long, default_value_t = 1)]
     pub batch: usize,
