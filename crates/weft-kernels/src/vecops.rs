@@ -129,7 +129,11 @@ pub fn exp_shifted(s: &mut [f32], max: f32) -> f32 {
         // SAFETY: AVX2 and FMA were detected at run time.
         return unsafe { avx2::exp_shifted(s, max) };
     }
-    let mut sum = 0.0;
+    exp_shifted_onto(s, max, 0.0)
+}
+
+/// `exp_shifted` one value at a time, its sum added onto `sum` (the AVX2 path's tail).
+fn exp_shifted_onto(s: &mut [f32], max: f32, mut sum: f32) -> f32 {
     for v in s {
         *v = (*v - max).exp();
         sum += *v;
@@ -389,12 +393,7 @@ pub(crate) mod avx2 {
         }
         let mut lanes = [0f32; 8];
         _mm256_storeu_ps(lanes.as_mut_ptr(), acc);
-        let mut sum: f32 = lanes.iter().sum();
-        for v in &mut s[i..] {
-            *v = (*v - max).exp();
-            sum += *v;
-        }
-        sum
+        super::exp_shifted_onto(&mut s[i..], max, lanes.iter().sum())
     }
 
     #[target_feature(enable = "avx2,fma")]

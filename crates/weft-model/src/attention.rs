@@ -256,7 +256,8 @@ pub(crate) fn attend_rows(
         let hs = heads.of(r);
         let hs = (hs.start + part * per_part).min(hs.end)
             ..(hs.start + (part + 1) * per_part).min(hs.end);
-        let (dk, dv) = (view(r).key.1, view(r).value.1);
+        let head = view(r);
+        let (dk, dv) = (head.key.1, head.value.1);
         let mut t = run * per_task_rows;
         let last = ((run + 1) * per_task_rows).min(m);
         while t < last && !hs.is_empty() {
@@ -285,7 +286,7 @@ pub(crate) fn attend_rows(
             attend_group(
                 &mut queries[..n],
                 &rows.caches[seq].layers[rows.layer],
-                view(r),
+                head,
             );
         }
     });

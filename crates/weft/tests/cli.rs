@@ -212,65 +212,22 @@ fn bench_and_perplexity_report_their_keys() {
     let dir = tempfile::tempdir().unwrap();
     let m = synthetic(dir.path(), Arch::Gemma3, GgmlType::Q4_0);
     let m = m.to_str().unwrap();
-    let b = ok_json(&weft(
-        &[
-            "bench",
-            "--model",
-            m,
-            "-p",
-            "16",
-            "-n",
-            "8",
-            "-r",
-            "2",
-            "--no-bandwidth",
-            "--json",
-        ],
-        dir.path(),
-    ));
+    // Every run: the synthetic model, 8 decode tokens, no bandwidth probe.
+    let bench = |extra: &[&str]| {
+        let common = ["bench", "--model", m, "-n", "8", "--no-bandwidth"];
+        weft(&[&common[..], extra].concat(), dir.path())
+    };
+    let b = ok_json(&bench(&["-p", "16", "-r", "2", "--json"]));
     for k in ["pp_tok_s", "tg_tok_s", "bytes_per_token", "load_s"] {
         assert!(b[k].as_f64().unwrap() > 0.0, "{k} in {b}");
     }
     // After a context already in the cache, as llama-bench's -d; past the model's
     // trained context (2048 in the synthetic files) it says so and fails.
-    let d = ok_json(&weft(
-        &[
-            "bench",
-            "--model",
-            m,
-            "-p",
-            "16",
-            "-n",
-            "8",
-            "-r",
-            "1",
-            "-d",
-            "300",
-            "--no-bandwidth",
-            "--json",
-        ],
-        dir.path(),
-    ));
+    let d = ok_json(&bench(&["-p", "16", "-r", "1", "-d", "300", "--json"]));
     assert_eq!(d["depth"], 300, "{d}");
     assert!(d["pp_tok_s"].as_f64().unwrap() > 0.0, "{d}");
     assert!(d["tg_tok_s"].as_f64().unwrap() > 0.0, "{d}");
-    let err = failure(&weft(
-        &[
-            "bench",
-            "--model",
-            m,
-            "-p",
-            "0",
-            "-n",
-            "8",
-            "-r",
-            "1",
-            "-d",
-            "4000",
-            "--no-bandwidth",
-        ],
-        dir.path(),
-    ));
+    let err = failure(&bench(&["-p", "0", "-r", "1", "-d", "4000"]));
     assert!(err.contains("context"), "{err}");
     let text = dir.path().join("t.txt");
     std::fs::write(
