@@ -310,8 +310,8 @@ pub(crate) mod avx2 {
         }
     }
 
-    /// `Q` outputs along the row in tiles of `V` vectors, then of one; returns where the
-    /// whole vectors end.
+    /// `Q` outputs along the row in tiles of `V` vectors, the rest in tiles of 4, 2 and 1
+    /// (a head of 128 by 2 outputs: 6, 6, 4); returns where the whole vectors end.
     #[target_feature(enable = "avx2,fma")]
     unsafe fn sum_strip<const Q: usize, const V: usize>(
         y: &[*mut f32],
@@ -324,6 +324,14 @@ pub(crate) mod avx2 {
         while e + 8 * V <= n {
             sum_tile::<Q, V>(y, w, stride, rows, e);
             e += 8 * V;
+        }
+        if V > 4 && e + 32 <= n {
+            sum_tile::<Q, 4>(y, w, stride, rows, e);
+            e += 32;
+        }
+        if V > 2 && e + 16 <= n {
+            sum_tile::<Q, 2>(y, w, stride, rows, e);
+            e += 16;
         }
         while e + 8 <= n {
             sum_tile::<Q, 1>(y, w, stride, rows, e);

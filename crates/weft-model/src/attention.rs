@@ -528,4 +528,82 @@ mod tests {
             }
         }
     }
+
+    #[test]
+    fn more_heads_than_a_group_holds_are_split_and_match_each_head_alone() {
+        // MLA as DeepSeek V3 runs it on one node: 128 heads read one latent (a group
+        // past GROUP_MAX, cut into parts), 72-value keys whose first 64 are the values;
+        // decode and a run of prompt rows, one thread and two.
+        let (dk, dv, nh, cap) = (72, 64, 128, 48);
+        let val = |i: usize| ((i * 7919 % 113) as f32 / 113.0 - 0.5) * 2.0;
+        let caches = vec![KvCache {
+            layers: vec![LayerKv {
+                cap,
+                k: (0..cap * dk).map(val).collect(),
+                v: Vec::new(),
+                stride: dk,
+                v_stride: 0,
+            }],
+            pos: 0,
+            n_ctx: cap,
+        }];
+        let view = |_: usize| HeadView {
+            key: (0, dk),
+            value: (0, dv),
+        };
+        let heads = HeadGroups {
+            heads: nh,
+            group: nh,
+            skew: 0,
+        };
+        let (q_at, out_at) = (
+            Strided {
+                row: nh * dk,
+                head: dk,
+            },
+            Strided {
+                row: nh * dv,
+                head: dv,
+            },
+        );
+        for pos in [vec![40usize], vec![30, 31, 32, 33, 34]] {
+            let m = pos.len();
+            let seq = vec![0; m];
+            let q: Vec<f32> = (0..m * nh * dk).map(|i| val(i * 3 + 1)).collect();
+            let mut want = vec![0f32; m * nh * dv];
+            for (t, &p) in pos.iter().enumerate() {
+                for h in 0..nh {
+                    let (qa, oa) = (t * nh * dk + h * dk, t * nh * dv + h * dv);
+                    attend(
+                        &q[qa..qa + dk],
+                        &caches[0].layers[0],
+                        view(0),
+                        0..p + 1,
+                        &mut want[oa..oa + dv],
+                    );
+                }
+            }
+            for threads in [1, 2] {
+                let rows = BatchRows {
+                    pos: &pos,
+                    seq: &seq,
+                    caches: &caches,
+                    layer: 0,
+                    window: None,
+                };
+                let mut got = vec![f32::NAN; m * nh * dv];
+                attend_rows(
+                    &ThreadPool::new(threads),
+                    &rows,
+                    heads,
+                    &view,
+                    &q,
+                    q_at,
+                    &mut got,
+                    out_at,
+                );
+                assert_eq!(got, want, "rows {pos:?}, {threads} threads");
+            }
+        }
+    }
 }
