@@ -4,6 +4,7 @@
 pub mod activation;
 pub mod calibrate;
 pub mod choose;
+pub mod grid;
 pub mod ops;
 pub mod pages;
 pub mod pool;

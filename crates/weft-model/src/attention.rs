@@ -3,7 +3,7 @@
 
 use std::ops::Range;
 
-use weft_kernels::{vecops, ThreadPool};
+use weft_kernels::{grid, vecops, ThreadPool};
 
 use crate::kv::{KvCache, LayerKv};
 use crate::rows::SendPtr;
@@ -129,7 +129,7 @@ pub(crate) fn attend_group(queries: &mut [Query<'_>], kv: &LayerKv, view: HeadVi
                 }
             }
             if n > 0 {
-                vecops::dot_grid(
+                grid::dot_grid(
                     &qs[..n],
                     &keys[first - at..last - at],
                     scores.as_flattened_mut(),
@@ -163,7 +163,7 @@ pub(crate) fn attend_group(queries: &mut [Query<'_>], kv: &LayerKv, view: HeadVi
                     k += 1;
                 }
             }
-            vecops::axpy_grid(
+            grid::axpy_grid(
                 scores.as_flattened(),
                 BLOCK,
                 &rows[first - at..last - at],
