@@ -203,13 +203,15 @@ fn model_files(dir: &Path, hashes: Option<&Path>) -> Vec<ModelFile> {
     out
 }
 
-/// A file-name-safe cache key for this CPU, `threads`, weft version and kernel revision.
+/// A file-name-safe cache key for this CPU, `threads`, weft version, kernel revision and
+/// the kernel switches set (`choose::switches_on`).
 fn cache_key(threads: usize) -> String {
     format!(
-        "{}-{threads}t-v{}-k{}",
+        "{}-{threads}t-v{}-k{}{}",
         cpu_model(),
         env!("CARGO_PKG_VERSION"),
-        choose::REVISION
+        choose::REVISION,
+        choose::switches_on()
     )
     .chars()
     .map(|c| {

@@ -16,12 +16,34 @@ use std::time::Instant;
 use serde::{Deserialize, Serialize};
 use weft_gguf::GgmlType;
 
+use crate::choose_tiles::{time_tiles, TilesChoice};
+use crate::grid;
 use crate::quant::select::{self, Path, Shape};
 use crate::quant::{self};
 use crate::{roofline, ThreadPool};
 
 /// Bumped whenever a kernel changes, so timings cached under an older one are retaken.
-pub const REVISION: u32 = 12;
+pub const REVISION: u32 = 13;
+
+/// The environment switches that change which candidates a CPU offers: a report timed
+/// under one setting must not be put in force under another (the cache keys by them).
+pub const SWITCHES: [&str; 5] = [
+    "WEFT_KERNELS_SCALAR",
+    "WEFT_KERNELS_NO_VNNI",
+    "WEFT_KERNELS_VNNI512",
+    "WEFT_KERNELS_NO_PACK",
+    "WEFT_KERNELS_NO_AVX512",
+];
+
+/// The switches set now (and not "0"), as `-NAME` suffixes without the common prefix:
+/// empty where none is.
+pub fn switches_on() -> String {
+    SWITCHES
+        .iter()
+        .filter(|k| std::env::var_os(k).is_some_and(|v| v != "0"))
+        .map(|k| format!("-{}", k.trim_start_matches("WEFT_KERNELS_")))
+        .collect()
+}
 
 /// Values per weight row in the timed matrices: a common hidden size, and a short one for
 /// `Shape::DecodeShort` (Gemma 3 270M's 640, or 512 where blocks hold 256 values).
@@ -73,6 +95,10 @@ pub struct Report {
     /// (see `roofline`).
     pub peak_int8_ops_per_s: Option<f64>,
     pub choices: Vec<Choice>,
+    /// Attention's tile sets, timed (None: no SIMD tiles here, or a report from before
+    /// they were timed).
+    #[serde(default)]
+    pub attention: Option<TilesChoice>,
 }
 
 /// How to time: the matrix sizes and rounds.
@@ -416,14 +442,19 @@ pub fn choose(pool: &ThreadPool, b: Budget) -> Report {
         bandwidth_bytes_per_s: roofline::read_bandwidth(pool, b.stream_bytes, b.rounds.max(2)),
         peak_int8_ops_per_s: roofline::peak_int8_ops(pool),
         choices,
+        attention: time_tiles(b.rounds, NOISE),
     };
     apply(&report);
     report
 }
 
-/// Puts a report's choices in force; returns how many were taken (a path this CPU
-/// cannot run, from a stale or foreign report, is skipped).
+/// Puts a report's choices in force; returns how many weight-type choices were taken (a
+/// path this CPU cannot run, from a stale or foreign report, is skipped, as is a tile set
+/// it does not offer).
 pub fn apply(report: &Report) -> usize {
+    if let Some(a) = &report.attention {
+        grid::choose(a.chosen);
+    }
     report
         .choices
         .iter()
@@ -507,5 +538,7 @@ mod tests {
             ..first.clone()
         });
         assert_eq!(apply(&stale), r.choices.len());
+        // The tile set timed fastest is the one attention runs.
+        assert_eq!(r.attention.map(|a| a.chosen), grid::chosen());
     }
 }

@@ -2,39 +2,117 @@
 //! rows, and its value rows summed into the group's outputs, in register tiles. Apart
 //! from `vecops` because the tiles are compiled once per instruction set.
 
+use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::OnceLock;
 
-use crate::vecops::{axpy_rows, dot_scalar};
+use serde::{Deserialize, Serialize};
 
-/// The tiles the running CPU gets: AVX-512VL's 32 vector registers (the same 256-bit
-/// operations, registers ymm16-31 too) hold larger tiles than AVX2's 16, so each load
-/// feeds more FMAs: MLA prefill of 512 after 4,096 tokens went 80 -> 111 tok/s on Zen 4
-/// (2 threads), where both instruction sets run 256 bits at a time.
-/// `WEFT_KERNELS_NO_AVX512` keeps the AVX2 tiles. Both give the same bits.
-#[derive(Clone, Copy, Debug, PartialEq)]
-enum Simd {
+use crate::vecops::dot_scalar;
+
+/// The instruction sets the tiles are compiled for. AVX-512VL's 32 vector registers (the
+/// same 256-bit operations, registers ymm16-31 too) hold larger tiles than AVX2's 16, so
+/// each load feeds more FMAs: MLA prefill of 512 after 4,096 tokens went 80 -> 111 tok/s
+/// on Zen 4 (2 threads). Both give the same bits, so which runs is a timed choice
+/// (`choose`, cached per CPU model); `WEFT_KERNELS_NO_AVX512` keeps the AVX2 tiles.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum TileSet {
     Avx512,
     Avx2,
+}
+
+impl TileSet {
+    pub fn name(self) -> &'static str {
+        match self {
+            TileSet::Avx512 => "avx512vl 6x4",
+            TileSet::Avx2 => "avx2 4x3",
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Simd {
+    Tiles(TileSet),
     None,
 }
 
-fn simd() -> Simd {
-    static SIMD: OnceLock<Simd> = OnceLock::new();
-    *SIMD.get_or_init(|| {
+/// Whether this CPU runs the AVX-512VL tiles (switch or not).
+fn has_avx512vl() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    if crate::vecops::has_avx2() {
+        return is_x86_feature_detected!("avx512f") && is_x86_feature_detected!("avx512vl");
+    }
+    false
+}
+
+/// The tile sets this CPU runs, the default first (the larger tiles where the registers
+/// are there, unless switched off); empty where no SIMD tiles run. Detected once.
+pub fn candidates() -> &'static [TileSet] {
+    static SETS: OnceLock<Vec<TileSet>> = OnceLock::new();
+    SETS.get_or_init(|| {
         #[cfg(target_arch = "x86_64")]
         if crate::vecops::has_avx2() {
             let off = std::env::var_os("WEFT_KERNELS_NO_AVX512").is_some_and(|v| v != "0");
-            let vl = is_x86_feature_detected!("avx512f") && is_x86_feature_detected!("avx512vl");
-            return if vl && !off { Simd::Avx512 } else { Simd::Avx2 };
+            return match has_avx512vl() && !off {
+                true => vec![TileSet::Avx512, TileSet::Avx2],
+                false => vec![TileSet::Avx2],
+            };
         }
-        Simd::None
+        Vec::new()
     })
+}
+
+/// The set in force: 0 until one is chosen (then the first candidate runs), else
+/// `1 + index` in `[Avx512, Avx2]`.
+static CHOSEN: AtomicU8 = AtomicU8::new(0);
+
+/// Puts `set` in force; false (and nothing changes) where this CPU does not offer it.
+pub fn choose(set: TileSet) -> bool {
+    if !candidates().contains(&set) {
+        return false;
+    }
+    let code = match set {
+        TileSet::Avx512 => 1,
+        TileSet::Avx2 => 2,
+    };
+    CHOSEN.store(code, Ordering::Relaxed);
+    true
+}
+
+/// The set attention runs now (None: no SIMD tiles on this CPU).
+pub fn chosen() -> Option<TileSet> {
+    match CHOSEN.load(Ordering::Relaxed) {
+        1 => Some(TileSet::Avx512),
+        2 => Some(TileSet::Avx2),
+        _ => candidates().first().copied(),
+    }
+}
+
+fn simd() -> Simd {
+    chosen().map_or(Simd::None, Simd::Tiles)
 }
 
 /// out[i · stride + j] = queries[i] · rows[j]: a block of attention scores for a group of
 /// queries that read the same cached rows. A pair's arithmetic does not depend on what
 /// else is in the grid, so a query's scores are the same bits in any group.
 pub fn dot_grid(queries: &[&[f32]], rows: &[&[f32]], out: &mut [f32], stride: usize) {
+    dot_grid_with(simd(), queries, rows, out, stride);
+}
+
+/// `dot_grid` on the tiles of `set` (a candidate of this CPU): for timing them.
+pub fn dot_grid_on(
+    set: TileSet,
+    queries: &[&[f32]],
+    rows: &[&[f32]],
+    out: &mut [f32],
+    stride: usize,
+) {
+    assert!(candidates().contains(&set), "{set:?} does not run here");
+    dot_grid_with(Simd::Tiles(set), queries, rows, out, stride);
+}
+
+#[cfg_attr(not(target_arch = "x86_64"), allow(unused_variables))]
+fn dot_grid_with(s: Simd, queries: &[&[f32]], rows: &[&[f32]], out: &mut [f32], stride: usize) {
     if queries.is_empty() || rows.is_empty() {
         return;
     }
@@ -44,11 +122,13 @@ pub fn dot_grid(queries: &[&[f32]], rows: &[&[f32]], out: &mut [f32], stride: us
     assert!(stride >= rows.len());
     assert!(out.len() >= (queries.len() - 1) * stride + rows.len());
     #[cfg(target_arch = "x86_64")]
-    match simd() {
-        // SAFETY: the instruction set was detected at run time; the lengths are checked
-        // above.
-        Simd::Avx512 => return unsafe { avx512::dot_grid(queries, rows, out, stride) },
-        Simd::Avx2 => return unsafe { avx2::dot_grid(queries, rows, out, stride) },
+    match s {
+        // SAFETY: the instruction set was detected at run time (`candidates`); the
+        // lengths are checked above.
+        Simd::Tiles(TileSet::Avx512) => {
+            return unsafe { avx512::dot_grid(queries, rows, out, stride) }
+        }
+        Simd::Tiles(TileSet::Avx2) => return unsafe { avx2::dot_grid(queries, rows, out, stride) },
         Simd::None => {}
     }
     for (i, q) in queries.iter().enumerate() {
@@ -59,10 +139,27 @@ pub fn dot_grid(queries: &[&[f32]], rows: &[&[f32]], out: &mut [f32], stride: us
 }
 
 /// ys[i][e] += Σ_j w[i · stride + j] · rows[j][e]: a block of value rows summed into a
-/// group of outputs. Each element takes its rows in order, one fused multiply-add each,
-/// as `axpy_rows` does, so an output is the same bits in any group (a weight of zero
-/// leaves it as it was).
+/// group of outputs. Each element takes its rows in order, one fused multiply-add each
+/// (`axpy_fused`), so an output is the same bits in any group and on any instruction set
+/// (a weight of zero leaves it as it was).
 pub fn axpy_grid(w: &[f32], stride: usize, rows: &[&[f32]], ys: &mut [&mut [f32]]) {
+    axpy_grid_with(simd(), w, stride, rows, ys);
+}
+
+/// `axpy_grid` on the tiles of `set` (a candidate of this CPU): for timing them.
+pub fn axpy_grid_on(
+    set: TileSet,
+    w: &[f32],
+    stride: usize,
+    rows: &[&[f32]],
+    ys: &mut [&mut [f32]],
+) {
+    assert!(candidates().contains(&set), "{set:?} does not run here");
+    axpy_grid_with(Simd::Tiles(set), w, stride, rows, ys);
+}
+
+#[cfg_attr(not(target_arch = "x86_64"), allow(unused_variables))]
+fn axpy_grid_with(s: Simd, w: &[f32], stride: usize, rows: &[&[f32]], ys: &mut [&mut [f32]]) {
     if ys.is_empty() || rows.is_empty() {
         return;
     }
@@ -72,14 +169,25 @@ pub fn axpy_grid(w: &[f32], stride: usize, rows: &[&[f32]], ys: &mut [&mut [f32]
     assert!(stride >= rows.len());
     assert!(w.len() >= (ys.len() - 1) * stride + rows.len());
     #[cfg(target_arch = "x86_64")]
-    match simd() {
-        // SAFETY: as in `dot_grid`.
-        Simd::Avx512 => return unsafe { avx512::axpy_grid(w, stride, rows, ys) },
-        Simd::Avx2 => return unsafe { avx2::axpy_grid(w, stride, rows, ys) },
+    match s {
+        // SAFETY: as in `dot_grid_with`.
+        Simd::Tiles(TileSet::Avx512) => return unsafe { avx512::axpy_grid(w, stride, rows, ys) },
+        Simd::Tiles(TileSet::Avx2) => return unsafe { avx2::axpy_grid(w, stride, rows, ys) },
         Simd::None => {}
     }
     for (i, y) in ys.iter_mut().enumerate() {
-        axpy_rows(&w[i * stride..i * stride + rows.len()], rows, y);
+        axpy_fused(&w[i * stride..i * stride + rows.len()], rows, y);
+    }
+}
+
+/// y[e] += Σ_j w[j] · rows[j][e], one element at a time, each row one fused multiply-add
+/// in order: what every tile of `axpy_grid` computes per element, so its reference and
+/// its fallback where no SIMD runs (`mul_add` is one instruction on FMA hardware).
+pub fn axpy_fused(w: &[f32], rows: &[&[f32]], y: &mut [f32]) {
+    for (e, ye) in y.iter_mut().enumerate() {
+        for (&wj, r) in w.iter().zip(rows) {
+            *ye = wj.mul_add(r[e], *ye);
+        }
     }
 }
 
@@ -190,7 +298,7 @@ macro_rules! grid_kernels {
             const SUM_QUERIES: usize = 4;
 
             /// `axpy_grid` in tiles of up to 4 outputs, a strip of vectors at a time along the
-            /// row, and the elements past the last vector one at a time as `axpy_rows` does.
+            /// row, and the elements past the last vector one at a time, fused as well.
             #[target_feature(enable = $features)]
             pub(crate) unsafe fn axpy_grid(
                 w: &[f32],
@@ -215,7 +323,7 @@ macro_rules! grid_kernels {
                     for (a, &py) in y[..yt.len()].iter().enumerate() {
                         for t in e..n {
                             for (j, r) in rows.iter().enumerate() {
-                                *py.add(t) += *wt.add(a * stride + j) * r[t];
+                                *py.add(t) = (*wt.add(a * stride + j)).mul_add(r[t], *py.add(t));
                             }
                         }
                     }
@@ -358,7 +466,7 @@ mod tests {
     }
 
     #[test]
-    fn a_value_grid_gives_each_output_the_bits_of_axpy_rows() {
+    fn a_value_grid_gives_each_output_the_bits_of_fused_rows_in_order() {
         // 0 to 6 outputs (tiles of 4, 3, 2 and 1), rows of widths that leave partial
         // strips and a scalar tail; some weights zero, as rows a query does not read.
         for n in [3, 8, 13, 40, 128, 200, 576] {
@@ -378,7 +486,7 @@ mod tests {
                 let mut ys: Vec<Vec<f32>> = (0..ny).map(|i| varied(n, i + 40)).collect();
                 let mut want = ys.clone();
                 for (i, y) in want.iter_mut().enumerate() {
-                    axpy_rows(&w[i * stride..i * stride + nr], &r[..nr], y);
+                    axpy_fused(&w[i * stride..i * stride + nr], &r[..nr], y);
                 }
                 let mut refs: Vec<&mut [f32]> = ys.iter_mut().map(|v| &mut v[..]).collect();
                 axpy_grid(&w, stride, &r[..nr], &mut refs);
@@ -399,7 +507,7 @@ mod tests {
         // (4 by 3) on grids that hit every edge of both; skipped where the CPU lacks
         // AVX-512VL (then only the AVX2 tiles run, and the tests above cover them).
         #[cfg(target_arch = "x86_64")]
-        if simd() == Simd::Avx512 {
+        if has_avx512vl() {
             for n in [13, 128, 576] {
                 let qs: Vec<Vec<f32>> = (0..17).map(|i| varied(n, i * 31)).collect();
                 let rs: Vec<Vec<f32>> = (0..32).map(|j| varied(n, j * 17 + 3)).collect();

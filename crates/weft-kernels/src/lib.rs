@@ -4,6 +4,7 @@
 pub mod activation;
 pub mod calibrate;
 pub mod choose;
+pub mod choose_tiles;
 pub mod grid;
 pub mod ops;
 pub mod pages;

@@ -57,24 +57,6 @@ pub fn axpy(alpha: f32, x: &[f32], y: &mut [f32]) {
     }
 }
 
-/// y[i] += Σ_j w[j] · rows[j][i]: attention's weighted sum of value rows, one block of
-/// positions at a time. Each chunk of `y` stays in registers across the rows, so `y` is
-/// read and written once per block instead of once per row as `axpy` would.
-pub fn axpy_rows(w: &[f32], rows: &[&[f32]], y: &mut [f32]) {
-    assert_eq!(w.len(), rows.len());
-    assert!(rows.iter().all(|r| r.len() == y.len()));
-    #[cfg(target_arch = "x86_64")]
-    if has_avx2() {
-        // SAFETY: AVX2 and FMA were detected at run time; every row is y.len() long.
-        return unsafe { avx2::axpy_rows(w, rows, y) };
-    }
-    for (&a, r) in w.iter().zip(rows) {
-        for (yi, xi) in y.iter_mut().zip(r.iter()) {
-            *yi += a * xi;
-        }
-    }
-}
-
 /// s[i] = e^(s[i] - max), returning Σ s[i]: a block of attention scores made weights.
 pub fn exp_shifted(s: &mut [f32], max: f32) -> f32 {
     #[cfg(target_arch = "x86_64")]
@@ -202,64 +184,6 @@ pub(crate) mod avx2 {
         r
     }
 
-    /// `rows` must each be `y.len()` long (checked by the caller).
-    #[target_feature(enable = "avx2,fma")]
-    pub unsafe fn axpy_rows(w: &[f32], rows: &[&[f32]], y: &mut [f32]) {
-        let n = y.len();
-        let py = y.as_mut_ptr();
-        let mut i = 0;
-        // Eight accumulators a row: eight independent FMA chains keep both FMA units
-        // busy, where four waited out the FMA latency (attention's value rows, 128 wide).
-        while i + 64 <= n {
-            let mut acc = [_mm256_setzero_ps(); 8];
-            for (k, a) in acc.iter_mut().enumerate() {
-                *a = _mm256_loadu_ps(py.add(i + 8 * k));
-            }
-            for (&wj, r) in w.iter().zip(rows) {
-                let (va, pr) = (_mm256_set1_ps(wj), r.as_ptr().add(i));
-                for (k, a) in acc.iter_mut().enumerate() {
-                    *a = _mm256_fmadd_ps(va, _mm256_loadu_ps(pr.add(8 * k)), *a);
-                }
-            }
-            for (k, a) in acc.iter().enumerate() {
-                _mm256_storeu_ps(py.add(i + 8 * k), *a);
-            }
-            i += 64;
-        }
-        while i + 32 <= n {
-            let mut a0 = _mm256_loadu_ps(py.add(i));
-            let mut a1 = _mm256_loadu_ps(py.add(i + 8));
-            let mut a2 = _mm256_loadu_ps(py.add(i + 16));
-            let mut a3 = _mm256_loadu_ps(py.add(i + 24));
-            for (&wj, r) in w.iter().zip(rows) {
-                let (va, pr) = (_mm256_set1_ps(wj), r.as_ptr().add(i));
-                a0 = _mm256_fmadd_ps(va, _mm256_loadu_ps(pr), a0);
-                a1 = _mm256_fmadd_ps(va, _mm256_loadu_ps(pr.add(8)), a1);
-                a2 = _mm256_fmadd_ps(va, _mm256_loadu_ps(pr.add(16)), a2);
-                a3 = _mm256_fmadd_ps(va, _mm256_loadu_ps(pr.add(24)), a3);
-            }
-            _mm256_storeu_ps(py.add(i), a0);
-            _mm256_storeu_ps(py.add(i + 8), a1);
-            _mm256_storeu_ps(py.add(i + 16), a2);
-            _mm256_storeu_ps(py.add(i + 24), a3);
-            i += 32;
-        }
-        while i + 8 <= n {
-            let mut a0 = _mm256_loadu_ps(py.add(i));
-            for (&wj, r) in w.iter().zip(rows) {
-                a0 = _mm256_fmadd_ps(_mm256_set1_ps(wj), _mm256_loadu_ps(r.as_ptr().add(i)), a0);
-            }
-            _mm256_storeu_ps(py.add(i), a0);
-            i += 8;
-        }
-        while i < n {
-            for (&wj, r) in w.iter().zip(rows) {
-                *py.add(i) += wj * r[i];
-            }
-            i += 1;
-        }
-    }
-
     #[target_feature(enable = "avx2,fma")]
     pub unsafe fn axpy(alpha: f32, x: &[f32], y: &mut [f32]) {
         let n = x.len();
@@ -313,25 +237,6 @@ mod tests {
                 (total as f64 - want_total).abs() < 1e-5 * want_total,
                 "n={n}"
             );
-            // Rows against the one-row-at-a-time sum, for 0, 1 and several rows.
-            let rows: Vec<Vec<f32>> = (0..5)
-                .map(|r| a.iter().map(|v| v * (r as f32 - 1.5)).collect())
-                .collect();
-            let w = [0.5f32, -1.0, 0.25, 2.0, 0.125];
-            for k in [0, 1, 5] {
-                let refs: Vec<&[f32]> = rows[..k].iter().map(|r| &r[..]).collect();
-                let mut got = b.clone();
-                axpy_rows(&w[..k], &refs, &mut got);
-                let mut want = b.clone();
-                for (j, r) in rows[..k].iter().enumerate() {
-                    for i in 0..n {
-                        want[i] += w[j] * r[i];
-                    }
-                }
-                for i in 0..n {
-                    assert!((got[i] - want[i]).abs() < 1e-5, "n={n} k={k} i={i}");
-                }
-            }
         }
     }
 }

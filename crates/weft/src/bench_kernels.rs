@@ -86,6 +86,23 @@ pub fn run(json_out: bool) -> Result<()> {
             )?;
         }
     }
+    // Attention's tile sets: the same bits, timed on a head's cached rows.
+    if let Some(a) = &r.attention {
+        for t in &a.timed {
+            outln!(
+                "{:<6} {:<8} {:>6}  {:<28} {:>9} {:>7} {:>8.1} {:>7}  {}",
+                "f32",
+                "attend",
+                "4,32",
+                format!("tiles {}", t.set.name()),
+                "-",
+                "-",
+                t.flops_per_s / 1e9,
+                "-",
+                if t.set == a.chosen { "*" } else { "" }
+            )?;
+        }
+    }
     outln!(
         "GB/s: weight bytes x tokens per second; the choices are cached in {}",
         cache.display()
@@ -94,5 +111,12 @@ pub fn run(json_out: bool) -> Result<()> {
         "interleaved: rows repacked at load, eight a group (layers of these types, and experts \
          whose widths are whole groups; WEFT_KERNELS_NO_PACK=1 keeps ggml's layout)"
     )?;
+    if r.attention.is_some() {
+        outln!(
+            "attend: attention's score and value tiles on one thread over a head's 1,024 cached rows of \
+             128, groups of 4 and 32 queries, GOPS as 2 x multiply-adds (WEFT_KERNELS_NO_AVX512=1 \
+             keeps the AVX2 tiles)"
+        )?;
+    }
     Ok(())
 }

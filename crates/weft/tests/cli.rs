@@ -253,6 +253,66 @@ fn bench_and_perplexity_report_their_keys() {
     assert!(p["chunks"].as_u64().unwrap() >= 2);
 }
 
+#[test]
+fn bench_kernels_times_every_type_and_the_attention_tiles() {
+    let dir = tempfile::tempdir().unwrap();
+    let kernels = |no_avx512: bool| {
+        let mut c = Command::new(env!("CARGO_BIN_EXE_weft"));
+        c.args(["bench", "--kernels", "--json"])
+            .env("WEFT_HOME", dir.path());
+        if no_avx512 {
+            c.env("WEFT_KERNELS_NO_AVX512", "1");
+        }
+        ok_json(&c.output().expect("running weft"))
+    };
+    let k = kernels(false);
+    let r = &k["report"];
+    assert!(r["bandwidth_bytes_per_s"].as_f64().unwrap() > 0.0, "{k}");
+    // Each choice is one of its timed paths.
+    for c in r["choices"].as_array().unwrap() {
+        let timed: Vec<&Value> = c["timed"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|t| &t["path"])
+            .collect();
+        assert!(timed.contains(&&c["chosen"]), "{c}");
+    }
+    // Attention's tiles, where this CPU runs SIMD ones: each timed, the chosen among them;
+    // with AVX-512 switched off only the AVX2 tiles are offered.
+    let sets = |r: &Value| -> Vec<String> {
+        r["attention"]["timed"].as_array().map_or(Vec::new(), |t| {
+            t.iter()
+                .map(|t| t["set"].as_str().unwrap().to_string())
+                .collect()
+        })
+    };
+    let all = sets(r);
+    if let Some(chosen) = r["attention"]["chosen"].as_str() {
+        assert!(all.iter().any(|s| s == chosen), "{k}");
+        assert!(r["attention"]["timed"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|t| t["flops_per_s"].as_f64().unwrap() > 0.0));
+        let off = kernels(true);
+        assert_eq!(sets(&off["report"]), ["avx2"], "{off}");
+        assert_eq!(off["report"]["attention"]["chosen"], "avx2");
+    } else {
+        assert!(all.is_empty(), "{k}");
+    }
+    // The choices are cached per CPU model under WEFT_HOME, apart per kernel switch: a
+    // report timed with AVX-512 off is not put in force with it on.
+    let cached: Vec<String> = std::fs::read_dir(dir.path().join("calibration"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with("kernel-paths-"))
+        .collect();
+    let switched = cached.iter().filter(|n| n.contains("NO_AVX512")).count();
+    let runs = if all.is_empty() { 1 } else { 2 };
+    assert_eq!((cached.len(), switched), (runs, runs - 1), "{cached:?}");
+}
+
 // ---- the real model, against llama.cpp ----
 
 fn reference_dir() -> Option<PathBuf> {
