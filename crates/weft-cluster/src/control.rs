@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 use weft_comm::handshake::{handshake, Hello};
+use weft_model::CacheType;
 
 /// A node's part of a plan.
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -34,6 +35,9 @@ pub struct NodePlan {
     pub threads: usize,
     pub n_ctx: usize,
     pub ubatch: usize,
+    /// How the KV caches store keys and values (f32 from a coordinator that predates it).
+    #[serde(default)]
+    pub cache_type: CacheType,
     /// Sequences held at once (one KV cache each) for batched steps.
     #[serde(default = "one_slot")]
     pub slots: usize,

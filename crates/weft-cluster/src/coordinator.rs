@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use serde::Serialize;
 use weft_comm::{CommError, Group, Liveness};
-use weft_model::{Backend, BatchBackend, ModelError, SeqSpan};
+use weft_model::{Backend, BatchBackend, CacheType, ModelError, SeqSpan};
 
 use crate::activity::ActivityBoard;
 use crate::control::{FromNode, NodePlan, ToNode};
@@ -31,6 +31,8 @@ pub struct ClusterOptions {
     pub n_vocab: usize,
     pub n_ctx: usize,
     pub ubatch: usize,
+    /// How the nodes' KV caches store keys and values.
+    pub cache_type: CacheType,
     /// Sequences the nodes hold at once for batched steps (one KV cache each).
     pub slots: usize,
     pub threads_per_node: usize,
@@ -200,6 +202,7 @@ impl Cluster {
                 threads: opts.threads_per_node,
                 n_ctx: opts.n_ctx,
                 ubatch: opts.ubatch,
+                cache_type: opts.cache_type,
                 slots: opts.slots,
                 transport: opts.transport.clone(),
                 link_delay_us: opts.link_delay_us,

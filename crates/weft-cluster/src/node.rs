@@ -606,7 +606,8 @@ fn fetch_for(
     // The dry run also refuses, before anything is fetched, a shard over --memory-limit.
     let dry = |file: Arc<GgufFile>| {
         let shard = plan_shard(&file, plan)?;
-        let model = Model::load(file, shard, plan.ubatch).map_err(|e| e.to_string())?;
+        let mut model = Model::load(file, shard, plan.ubatch).map_err(|e| e.to_string())?;
+        model.set_cache_type(plan.cache_type);
         check_memory(&model, plan, opts.memory_limit)
     };
     let f = crate::node_fetch::fetch_shard(share, known, &opts.secret, shards, work, &dry);
@@ -669,13 +670,14 @@ fn load(
         .ok()
         .and_then(|v| v.parse::<u64>().ok())
         .map(Duration::from_millis);
-    let model = Model::load_with_progress(file, shard, plan.ubatch, &mut |done, total| {
+    let mut model = Model::load_with_progress(file, shard, plan.ubatch, &mut |done, total| {
         work.load_progress(done, total);
         if let Some(p) = pause {
             std::thread::sleep(p);
         }
     })
     .map_err(|e| e.to_string())?;
+    model.set_cache_type(plan.cache_type);
     check_memory(&model, plan, memory_limit)?;
     let caches = (0..plan.slots.max(1))
         .map(|_| model.new_cache(plan.n_ctx))

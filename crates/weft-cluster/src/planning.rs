@@ -5,13 +5,13 @@
 use weft_gguf::{GgmlType, GgufFile};
 use weft_kernels::calibrate::TypeRate;
 use weft_kernels::quant::select::Shape;
-use weft_model::ModelConfig;
+use weft_model::{CacheType, ModelConfig};
 use weft_plan::{ClusterProfile, LayerProfile, ModelProfile, NodeProfile};
 
 use crate::survey::Survey;
 
 /// `file`'s profile for `weft_plan::plan`.
-pub fn model_profile(file: &GgufFile, cfg: &ModelConfig) -> ModelProfile {
+pub fn model_profile(file: &GgufFile, cfg: &ModelConfig, cache: CacheType) -> ModelProfile {
     let mut layers = vec![LayerProfile::default(); cfg.n_layer];
     let (mut embed, mut head) = (0u64, 0u64);
     for t in file.tensors() {
@@ -56,7 +56,7 @@ pub fn model_profile(file: &GgufFile, cfg: &ModelConfig) -> ModelProfile {
         layers,
         embed_bytes: embed,
         head_bytes: head,
-        kv_bytes_per_token: (cfg.kv_floats_per_token_layer() * 4) as u64,
+        kv_bytes_per_token: (cfg.kv_floats_per_token_layer() * cache.bytes()) as u64,
         experts: cfg.moe.map(|m| (m.n_expert, m.n_expert_used)),
     }
 }
@@ -221,7 +221,7 @@ mod tests {
         let spec = SyntheticSpec::small(Arch::Qwen3Moe, GgmlType::Q8_0);
         let f = GgufFile::from_bytes("moe.gguf", synthetic_model(&spec).to_bytes()).unwrap();
         let cfg = ModelConfig::from_gguf(&f).unwrap();
-        let p = model_profile(&f, &cfg);
+        let p = model_profile(&f, &cfg, CacheType::F32);
         let total: u64 = f
             .tensors()
             .iter()
@@ -236,5 +236,7 @@ mod tests {
         assert!(l.attn_bytes > 0);
         assert_eq!(p.experts, Some((8, 2)));
         assert_eq!(p.kv_bytes_per_token, (2 * 64 * 2 * 4) as u64);
+        let half = model_profile(&f, &cfg, CacheType::F16);
+        assert_eq!(half.kv_bytes_per_token, (2 * 64 * 2 * 2) as u64);
     }
 }

@@ -23,7 +23,7 @@ pub fn gguf(data: &[u8]) {
     }
     let _ = weft_model::vocab::tokenizer_from_gguf(&f);
     if let Ok(cfg) = ModelConfig::from_gguf(&f) {
-        let _ = weft_cluster::model_profile(&f, &cfg);
+        let _ = weft_cluster::model_profile(&f, &cfg, weft_model::CacheType::F32);
     }
 }
 

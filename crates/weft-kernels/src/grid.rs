@@ -7,7 +7,30 @@ use std::sync::OnceLock;
 
 use serde::{Deserialize, Serialize};
 
-use crate::vecops::dot_scalar;
+/// A cached row's value type: f32, or f16 (half the memory and the bytes read; widened
+/// to f32 exactly on load, so a score or sum over f16 rows is the same bits as over the
+/// same rows widened first).
+pub trait Cached: Copy + Send + Sync + 'static {
+    /// Loads widen from f16 (`vcvtph2ps`) rather than read f32.
+    const HALF: bool;
+    fn to_f32(self) -> f32;
+}
+
+impl Cached for f32 {
+    const HALF: bool = false;
+    #[inline(always)]
+    fn to_f32(self) -> f32 {
+        self
+    }
+}
+
+impl Cached for half::f16 {
+    const HALF: bool = true;
+    #[inline(always)]
+    fn to_f32(self) -> f32 {
+        half::f16::to_f32(self)
+    }
+}
 
 /// The instruction sets the tiles are compiled for. AVX-512VL's 32 vector registers (the
 /// same 256-bit operations, registers ymm16-31 too) hold larger tiles than AVX2's 16, so
@@ -51,7 +74,7 @@ pub fn candidates() -> &'static [TileSet] {
     static SETS: OnceLock<Vec<TileSet>> = OnceLock::new();
     SETS.get_or_init(|| {
         #[cfg(target_arch = "x86_64")]
-        if crate::vecops::has_avx2() {
+        if crate::vecops::has_avx2() && is_x86_feature_detected!("f16c") {
             let off = std::env::var_os("WEFT_KERNELS_NO_AVX512").is_some_and(|v| v != "0");
             return match has_avx512vl() && !off {
                 true => vec![TileSet::Avx512, TileSet::Avx2],
@@ -95,15 +118,15 @@ fn simd() -> Simd {
 /// out[i · stride + j] = queries[i] · rows[j]: a block of attention scores for a group of
 /// queries that read the same cached rows. A pair's arithmetic does not depend on what
 /// else is in the grid, so a query's scores are the same bits in any group.
-pub fn dot_grid(queries: &[&[f32]], rows: &[&[f32]], out: &mut [f32], stride: usize) {
+pub fn dot_grid<T: Cached>(queries: &[&[f32]], rows: &[&[T]], out: &mut [f32], stride: usize) {
     dot_grid_with(simd(), queries, rows, out, stride);
 }
 
 /// `dot_grid` on the tiles of `set` (a candidate of this CPU): for timing them.
-pub fn dot_grid_on(
+pub fn dot_grid_on<T: Cached>(
     set: TileSet,
     queries: &[&[f32]],
-    rows: &[&[f32]],
+    rows: &[&[T]],
     out: &mut [f32],
     stride: usize,
 ) {
@@ -112,7 +135,13 @@ pub fn dot_grid_on(
 }
 
 #[cfg_attr(not(target_arch = "x86_64"), allow(unused_variables))]
-fn dot_grid_with(s: Simd, queries: &[&[f32]], rows: &[&[f32]], out: &mut [f32], stride: usize) {
+fn dot_grid_with<T: Cached>(
+    s: Simd,
+    queries: &[&[f32]],
+    rows: &[&[T]],
+    out: &mut [f32],
+    stride: usize,
+) {
     if queries.is_empty() || rows.is_empty() {
         return;
     }
@@ -133,25 +162,41 @@ fn dot_grid_with(s: Simd, queries: &[&[f32]], rows: &[&[f32]], out: &mut [f32], 
     }
     for (i, q) in queries.iter().enumerate() {
         for (o, r) in out[i * stride..].iter_mut().zip(rows) {
-            *o = dot_scalar(q, r);
+            *o = dot_widened(q, r);
         }
     }
+}
+
+/// `vecops::dot_scalar` over a row of any `Cached` type, each value widened as read.
+fn dot_widened<T: Cached>(a: &[f32], b: &[T]) -> f32 {
+    let mut acc = [0f32; 8];
+    let chunks = a.len() / 8;
+    for c in 0..chunks {
+        for j in 0..8 {
+            acc[j] += a[c * 8 + j] * b[c * 8 + j].to_f32();
+        }
+    }
+    let mut s: f32 = acc.iter().sum();
+    for i in chunks * 8..a.len() {
+        s += a[i] * b[i].to_f32();
+    }
+    s
 }
 
 /// ys[i][e] += Σ_j w[i · stride + j] · rows[j][e]: a block of value rows summed into a
 /// group of outputs. Each element takes its rows in order, one fused multiply-add each
 /// (`axpy_fused`), so an output is the same bits in any group and on any instruction set
 /// (a weight of zero leaves it as it was).
-pub fn axpy_grid(w: &[f32], stride: usize, rows: &[&[f32]], ys: &mut [&mut [f32]]) {
+pub fn axpy_grid<T: Cached>(w: &[f32], stride: usize, rows: &[&[T]], ys: &mut [&mut [f32]]) {
     axpy_grid_with(simd(), w, stride, rows, ys);
 }
 
 /// `axpy_grid` on the tiles of `set` (a candidate of this CPU): for timing them.
-pub fn axpy_grid_on(
+pub fn axpy_grid_on<T: Cached>(
     set: TileSet,
     w: &[f32],
     stride: usize,
-    rows: &[&[f32]],
+    rows: &[&[T]],
     ys: &mut [&mut [f32]],
 ) {
     assert!(candidates().contains(&set), "{set:?} does not run here");
@@ -159,7 +204,13 @@ pub fn axpy_grid_on(
 }
 
 #[cfg_attr(not(target_arch = "x86_64"), allow(unused_variables))]
-fn axpy_grid_with(s: Simd, w: &[f32], stride: usize, rows: &[&[f32]], ys: &mut [&mut [f32]]) {
+fn axpy_grid_with<T: Cached>(
+    s: Simd,
+    w: &[f32],
+    stride: usize,
+    rows: &[&[T]],
+    ys: &mut [&mut [f32]],
+) {
     if ys.is_empty() || rows.is_empty() {
         return;
     }
@@ -183,10 +234,10 @@ fn axpy_grid_with(s: Simd, w: &[f32], stride: usize, rows: &[&[f32]], ys: &mut [
 /// y[e] += Σ_j w[j] · rows[j][e], one element at a time, each row one fused multiply-add
 /// in order: what every tile of `axpy_grid` computes per element, so its reference and
 /// its fallback where no SIMD runs (`mul_add` is one instruction on FMA hardware).
-pub fn axpy_fused(w: &[f32], rows: &[&[f32]], y: &mut [f32]) {
+pub fn axpy_fused<T: Cached>(w: &[f32], rows: &[&[T]], y: &mut [f32]) {
     for (e, ye) in y.iter_mut().enumerate() {
         for (&wj, r) in w.iter().zip(rows) {
-            *ye = wj.mul_add(r[e], *ye);
+            *ye = wj.mul_add(r[e].to_f32(), *ye);
         }
     }
 }
@@ -200,15 +251,28 @@ macro_rules! grid_kernels {
         pub(crate) mod $name {
             use std::arch::x86_64::*;
 
+            use super::Cached;
+
             const GRID_QUERIES: usize = $grid_q;
             const GRID_ROWS: usize = $grid_r;
+
+            /// Eight values of a cached row from `p`, widened where they are f16.
+            #[inline]
+            #[target_feature(enable = $features)]
+            unsafe fn load<T: Cached>(p: *const T) -> __m256 {
+                if T::HALF {
+                    _mm256_cvtph_ps(_mm_loadu_si128(p.cast()))
+                } else {
+                    _mm256_loadu_ps(p.cast())
+                }
+            }
 
             /// `dot_grid` in tiles of `GRID_QUERIES` by `GRID_ROWS`, smaller tiles at the edges.
             /// Every query and row is `n` long and `out` holds the grid (checked by the caller).
             #[target_feature(enable = $features)]
-            pub(crate) unsafe fn dot_grid(
+            pub(crate) unsafe fn dot_grid<T: Cached>(
                 queries: &[&[f32]],
-                rows: &[&[f32]],
+                rows: &[&[T]],
                 out: &mut [f32],
                 stride: usize,
             ) {
@@ -227,30 +291,30 @@ macro_rules! grid_kernels {
                         let o = po.add(qi * GRID_QUERIES * stride + ri * GRID_ROWS);
                         // Shapes past this set's tile are never asked for.
                         match (qs.len(), rs.len()) {
-                            (6, 4) => grid_tile::<6, 4>(&q, &k, n, o, stride),
-                            (6, 3) => grid_tile::<6, 3>(&q, &k, n, o, stride),
-                            (6, 2) => grid_tile::<6, 2>(&q, &k, n, o, stride),
-                            (6, _) => grid_tile::<6, 1>(&q, &k, n, o, stride),
-                            (5, 4) => grid_tile::<5, 4>(&q, &k, n, o, stride),
-                            (5, 3) => grid_tile::<5, 3>(&q, &k, n, o, stride),
-                            (5, 2) => grid_tile::<5, 2>(&q, &k, n, o, stride),
-                            (5, _) => grid_tile::<5, 1>(&q, &k, n, o, stride),
-                            (4, 4) => grid_tile::<4, 4>(&q, &k, n, o, stride),
-                            (4, 3) => grid_tile::<4, 3>(&q, &k, n, o, stride),
-                            (4, 2) => grid_tile::<4, 2>(&q, &k, n, o, stride),
-                            (4, _) => grid_tile::<4, 1>(&q, &k, n, o, stride),
-                            (3, 4) => grid_tile::<3, 4>(&q, &k, n, o, stride),
-                            (3, 3) => grid_tile::<3, 3>(&q, &k, n, o, stride),
-                            (3, 2) => grid_tile::<3, 2>(&q, &k, n, o, stride),
-                            (3, _) => grid_tile::<3, 1>(&q, &k, n, o, stride),
-                            (2, 4) => grid_tile::<2, 4>(&q, &k, n, o, stride),
-                            (2, 3) => grid_tile::<2, 3>(&q, &k, n, o, stride),
-                            (2, 2) => grid_tile::<2, 2>(&q, &k, n, o, stride),
-                            (2, _) => grid_tile::<2, 1>(&q, &k, n, o, stride),
-                            (_, 4) => grid_tile::<1, 4>(&q, &k, n, o, stride),
-                            (_, 3) => grid_tile::<1, 3>(&q, &k, n, o, stride),
-                            (_, 2) => grid_tile::<1, 2>(&q, &k, n, o, stride),
-                            (_, _) => grid_tile::<1, 1>(&q, &k, n, o, stride),
+                            (6, 4) => grid_tile::<T, 6, 4>(&q, &k, n, o, stride),
+                            (6, 3) => grid_tile::<T, 6, 3>(&q, &k, n, o, stride),
+                            (6, 2) => grid_tile::<T, 6, 2>(&q, &k, n, o, stride),
+                            (6, _) => grid_tile::<T, 6, 1>(&q, &k, n, o, stride),
+                            (5, 4) => grid_tile::<T, 5, 4>(&q, &k, n, o, stride),
+                            (5, 3) => grid_tile::<T, 5, 3>(&q, &k, n, o, stride),
+                            (5, 2) => grid_tile::<T, 5, 2>(&q, &k, n, o, stride),
+                            (5, _) => grid_tile::<T, 5, 1>(&q, &k, n, o, stride),
+                            (4, 4) => grid_tile::<T, 4, 4>(&q, &k, n, o, stride),
+                            (4, 3) => grid_tile::<T, 4, 3>(&q, &k, n, o, stride),
+                            (4, 2) => grid_tile::<T, 4, 2>(&q, &k, n, o, stride),
+                            (4, _) => grid_tile::<T, 4, 1>(&q, &k, n, o, stride),
+                            (3, 4) => grid_tile::<T, 3, 4>(&q, &k, n, o, stride),
+                            (3, 3) => grid_tile::<T, 3, 3>(&q, &k, n, o, stride),
+                            (3, 2) => grid_tile::<T, 3, 2>(&q, &k, n, o, stride),
+                            (3, _) => grid_tile::<T, 3, 1>(&q, &k, n, o, stride),
+                            (2, 4) => grid_tile::<T, 2, 4>(&q, &k, n, o, stride),
+                            (2, 3) => grid_tile::<T, 2, 3>(&q, &k, n, o, stride),
+                            (2, 2) => grid_tile::<T, 2, 2>(&q, &k, n, o, stride),
+                            (2, _) => grid_tile::<T, 2, 1>(&q, &k, n, o, stride),
+                            (_, 4) => grid_tile::<T, 1, 4>(&q, &k, n, o, stride),
+                            (_, 3) => grid_tile::<T, 1, 3>(&q, &k, n, o, stride),
+                            (_, 2) => grid_tile::<T, 1, 2>(&q, &k, n, o, stride),
+                            (_, _) => grid_tile::<T, 1, 1>(&q, &k, n, o, stride),
                         }
                     }
                 }
@@ -262,9 +326,9 @@ macro_rules! grid_kernels {
             // A tile's indices address its accumulators, rows and outputs together.
             #[allow(clippy::needless_range_loop)]
             #[target_feature(enable = $features)]
-            unsafe fn grid_tile<const Q: usize, const R: usize>(
+            unsafe fn grid_tile<T: Cached, const Q: usize, const R: usize>(
                 q: &[*const f32],
-                k: &[*const f32],
+                k: &[*const T],
                 n: usize,
                 out: *mut f32,
                 stride: usize,
@@ -274,7 +338,7 @@ macro_rules! grid_kernels {
                 let mut i = 0;
                 while i + 8 <= n {
                     for r in 0..R {
-                        kv[r] = _mm256_loadu_ps(k[r].add(i));
+                        kv[r] = load(k[r].add(i));
                     }
                     for a in 0..Q {
                         let qv = _mm256_loadu_ps(q[a].add(i));
@@ -288,7 +352,7 @@ macro_rules! grid_kernels {
                     for r in 0..R {
                         let mut s = hsum(acc[a][r]);
                         for t in i..n {
-                            s += *q[a].add(t) * *k[r].add(t);
+                            s += *q[a].add(t) * (*k[r].add(t)).to_f32();
                         }
                         *out.add(a * stride + r) = s;
                     }
@@ -300,10 +364,10 @@ macro_rules! grid_kernels {
             /// `axpy_grid` in tiles of up to 4 outputs, a strip of vectors at a time along the
             /// row, and the elements past the last vector one at a time, fused as well.
             #[target_feature(enable = $features)]
-            pub(crate) unsafe fn axpy_grid(
+            pub(crate) unsafe fn axpy_grid<T: Cached>(
                 w: &[f32],
                 stride: usize,
-                rows: &[&[f32]],
+                rows: &[&[T]],
                 ys: &mut [&mut [f32]],
             ) {
                 let n = ys[0].len();
@@ -315,15 +379,16 @@ macro_rules! grid_kernels {
                     }
                     let wt = pw.add(yi * SUM_QUERIES * stride);
                     let e = match yt.len() {
-                        4 => sum_strip::<4, { $sum_v[0] }>(&y, wt, stride, rows, n),
-                        3 => sum_strip::<3, { $sum_v[1] }>(&y, wt, stride, rows, n),
-                        2 => sum_strip::<2, { $sum_v[2] }>(&y, wt, stride, rows, n),
-                        _ => sum_strip::<1, { $sum_v[3] }>(&y, wt, stride, rows, n),
+                        4 => sum_strip::<T, 4, { $sum_v[0] }>(&y, wt, stride, rows, n),
+                        3 => sum_strip::<T, 3, { $sum_v[1] }>(&y, wt, stride, rows, n),
+                        2 => sum_strip::<T, 2, { $sum_v[2] }>(&y, wt, stride, rows, n),
+                        _ => sum_strip::<T, 1, { $sum_v[3] }>(&y, wt, stride, rows, n),
                     };
                     for (a, &py) in y[..yt.len()].iter().enumerate() {
                         for t in e..n {
                             for (j, r) in rows.iter().enumerate() {
-                                *py.add(t) = (*wt.add(a * stride + j)).mul_add(r[t], *py.add(t));
+                                *py.add(t) =
+                                    (*wt.add(a * stride + j)).mul_add(r[t].to_f32(), *py.add(t));
                             }
                         }
                     }
@@ -333,28 +398,28 @@ macro_rules! grid_kernels {
             /// `Q` outputs along the row in tiles of `V` vectors, the rest in tiles of 4, 2 and 1
             /// (a head of 128 by 2 outputs: 6, 6, 4); returns where the whole vectors end.
             #[target_feature(enable = $features)]
-            unsafe fn sum_strip<const Q: usize, const V: usize>(
+            unsafe fn sum_strip<T: Cached, const Q: usize, const V: usize>(
                 y: &[*mut f32],
                 w: *const f32,
                 stride: usize,
-                rows: &[&[f32]],
+                rows: &[&[T]],
                 n: usize,
             ) -> usize {
                 let mut e = 0;
                 while e + 8 * V <= n {
-                    sum_tile::<Q, V>(y, w, stride, rows, e);
+                    sum_tile::<T, Q, V>(y, w, stride, rows, e);
                     e += 8 * V;
                 }
                 if V > 4 && e + 32 <= n {
-                    sum_tile::<Q, 4>(y, w, stride, rows, e);
+                    sum_tile::<T, Q, 4>(y, w, stride, rows, e);
                     e += 32;
                 }
                 if V > 2 && e + 16 <= n {
-                    sum_tile::<Q, 2>(y, w, stride, rows, e);
+                    sum_tile::<T, Q, 2>(y, w, stride, rows, e);
                     e += 16;
                 }
                 while e + 8 <= n {
-                    sum_tile::<Q, 1>(y, w, stride, rows, e);
+                    sum_tile::<T, Q, 1>(y, w, stride, rows, e);
                     e += 8;
                 }
                 e
@@ -364,11 +429,11 @@ macro_rules! grid_kernels {
             // A tile's indices address its accumulators, rows and outputs together.
             #[allow(clippy::needless_range_loop)]
             #[target_feature(enable = $features)]
-            unsafe fn sum_tile<const Q: usize, const V: usize>(
+            unsafe fn sum_tile<T: Cached, const Q: usize, const V: usize>(
                 y: &[*mut f32],
                 w: *const f32,
                 stride: usize,
-                rows: &[&[f32]],
+                rows: &[&[T]],
                 e: usize,
             ) {
                 let mut acc = [[_mm256_setzero_ps(); V]; Q];
@@ -384,7 +449,7 @@ macro_rules! grid_kernels {
                         wa[a] = _mm256_broadcast_ss(&*w.add(a * stride + j));
                     }
                     for v in 0..V {
-                        let rv = _mm256_loadu_ps(pr.add(8 * v));
+                        let rv = load(pr.add(8 * v));
                         for a in 0..Q {
                             acc[a][v] = _mm256_fmadd_ps(wa[a], rv, acc[a][v]);
                         }
@@ -411,10 +476,16 @@ macro_rules! grid_kernels {
 // AVX2: 12 accumulators in 16 registers; a score step loads 7 vectors for 12 FMAs,
 // where a dot at a time loaded 2 for each (scores at long context waited on the loads).
 #[cfg(target_arch = "x86_64")]
-grid_kernels!(avx2, "avx2,fma", 4, 3, [3, 4, 6, 8]);
+grid_kernels!(avx2, "avx2,fma,f16c", 4, 3, [3, 4, 6, 8]);
 // AVX-512VL: 24 accumulators in 32 registers; a score step loads 10 vectors for 24 FMAs.
 #[cfg(target_arch = "x86_64")]
-grid_kernels!(avx512, "avx2,fma,avx512f,avx512vl", 6, 4, [6, 8, 12, 16]);
+grid_kernels!(
+    avx512,
+    "avx2,fma,f16c,avx512f,avx512vl",
+    6,
+    4,
+    [6, 8, 12, 16]
+);
 
 #[cfg(test)]
 mod tests {
@@ -497,6 +568,65 @@ mod tests {
                     );
                     assert_eq!(g, w, "n {n}, {ny} outputs by {nr} rows, output {i}");
                 }
+            }
+        }
+    }
+
+    #[test]
+    fn f16_rows_give_the_bits_of_the_same_rows_widened() {
+        // Scores and value sums over f16 rows against f32 rows holding the same values,
+        // on every tile set this CPU runs and on the fallback: equal to the bit.
+        use half::f16;
+        for n in [13, 128, 576] {
+            let qs: Vec<Vec<f32>> = (0..11).map(|i| varied(n, i * 31)).collect();
+            let r16: Vec<Vec<f16>> = (0..9)
+                .map(|j| {
+                    varied(n, j * 17 + 3)
+                        .into_iter()
+                        .map(f16::from_f32)
+                        .collect()
+                })
+                .collect();
+            let r32: Vec<Vec<f32>> = r16
+                .iter()
+                .map(|r| r.iter().map(|v| v.to_f32()).collect())
+                .collect();
+            let q: Vec<&[f32]> = qs.iter().map(|v| &v[..]).collect();
+            let (a16, a32): (Vec<&[f16]>, Vec<&[f32]>) = (
+                r16.iter().map(|v| &v[..]).collect(),
+                r32.iter().map(|v| &v[..]).collect(),
+            );
+            let sets = candidates().iter().map(|&t| Simd::Tiles(t));
+            for s in sets.chain([Simd::None]) {
+                let (mut g16, mut g32) = (vec![0f32; 11 * 9], vec![1f32; 11 * 9]);
+                dot_grid_with(s, &q, &a16, &mut g16, 9);
+                dot_grid_with(s, &q, &a32, &mut g32, 9);
+                let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<u32>>();
+                assert_eq!(bits(&g16), bits(&g32), "{s:?} n {n} scores");
+                let mut y16: Vec<Vec<f32>> = (0..11).map(|i| varied(n, i + 9)).collect();
+                let mut y32 = y16.clone();
+                let mut o16: Vec<&mut [f32]> = y16.iter_mut().map(|v| &mut v[..]).collect();
+                let mut o32: Vec<&mut [f32]> = y32.iter_mut().map(|v| &mut v[..]).collect();
+                axpy_grid_with(s, &g32, 9, &a16, &mut o16);
+                axpy_grid_with(s, &g32, 9, &a32, &mut o32);
+                for (x, y) in y16.iter().zip(&y32) {
+                    assert_eq!(bits(x), bits(y), "{s:?} n {n} sums");
+                }
+            }
+            // The entry points, on the tile set in force.
+            for nq in [3, 11] {
+                let (mut g16, mut g32) = (vec![0f32; nq * 9], vec![1f32; nq * 9]);
+                dot_grid(&q[..nq], &a16, &mut g16, 9);
+                dot_grid(&q[..nq], &a32, &mut g32, 9);
+                let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<u32>>();
+                assert_eq!(bits(&g16), bits(&g32), "{nq} queries, n {n} scores");
+                let mut y16: Vec<Vec<f32>> = (0..nq).map(|i| varied(n, i + 9)).collect();
+                let mut y32 = y16.clone();
+                let mut o16: Vec<&mut [f32]> = y16.iter_mut().map(|v| &mut v[..]).collect();
+                let mut o32: Vec<&mut [f32]> = y32.iter_mut().map(|v| &mut v[..]).collect();
+                axpy_grid(&g32, 9, &a16, &mut o16);
+                axpy_grid(&g32, 9, &a32, &mut o32);
+                assert_eq!(y16, y32, "{nq} outputs, n {n} sums");
             }
         }
     }

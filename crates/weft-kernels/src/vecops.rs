@@ -79,9 +79,9 @@ fn exp_shifted_onto(s: &mut [f32], max: f32, mut sum: f32) -> f32 {
 /// Asks for every cache line of `x` ahead of its use: attention's next block of cached
 /// rows, whose strided rows the hardware prefetchers do not follow.
 #[inline]
-pub fn prefetch(x: &[f32]) {
+pub fn prefetch<T>(x: &[T]) {
     #[cfg(target_arch = "x86_64")]
-    for line in x.chunks(16) {
+    for line in x.chunks((64 / std::mem::size_of::<T>().max(1)).max(1)) {
         // SAFETY: a prefetch is a hint; the address is inside `x`.
         unsafe {
             std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T1 }>(

@@ -3,9 +3,10 @@
 
 use std::ops::Range;
 
-use weft_kernels::{grid, vecops, ThreadPool};
+use weft_kernels::grid::{self, Cached};
+use weft_kernels::{vecops, ThreadPool};
 
-use crate::kv::{KvCache, LayerKv};
+use crate::kv::{CacheRows, KvCache, LayerKv};
 use crate::rows::SendPtr;
 
 /// Where one head's key and value sit in a cache slot, as (offset, length): the key in
@@ -77,9 +78,25 @@ pub(crate) fn attend(q: &[f32], kv: &LayerKv, view: HeadView, span: Range<usize>
 /// took MLA prefill of 512 tokens after 4,096 from 50 to 80 tok/s (2 threads, Zen 4):
 /// a query at a time, scores loaded two vectors an FMA and waited on the loads.
 pub(crate) fn attend_group(queries: &mut [Query<'_>], kv: &LayerKv, view: HeadView) {
+    let (values, v_stride) = kv.values();
+    match (&kv.k, values) {
+        (CacheRows::F32(k), CacheRows::F32(v)) => attend_in(queries, kv, k, (v, v_stride), view),
+        (CacheRows::F16(k), CacheRows::F16(v)) => attend_in(queries, kv, k, (v, v_stride), view),
+        // `KvCache::new` gives a layer's keys and values one type.
+        _ => unreachable!("a layer's keys and values differ in type"),
+    }
+}
+
+/// `attend_group` over keys `k` and values in the cache's stored type.
+fn attend_in<T: Cached>(
+    queries: &mut [Query<'_>],
+    kv: &LayerKv,
+    k: &[T],
+    (values, v_stride): (&[T], usize),
+    view: HeadView,
+) {
     assert!(queries.len() <= GROUP_MAX, "{} queries", queries.len());
     let ((k_off, dk), (v_off, dv)) = (view.key, view.value);
-    let (values, v_stride) = kv.values();
     let mut max = [f32::NEG_INFINITY; GROUP_MAX];
     let mut sum = [0f32; GROUP_MAX];
     let (mut lo, mut hi) = (usize::MAX, 0);
@@ -91,15 +108,15 @@ pub(crate) fn attend_group(queries: &mut [Query<'_>], kv: &LayerKv, view: HeadVi
         }
     }
     let mut scores = [[0f32; BLOCK]; GROUP_MAX];
-    let mut keys: [&[f32]; BLOCK] = [&[]; BLOCK];
-    let mut rows: [&[f32]; BLOCK] = [&[]; BLOCK];
+    let mut keys: [&[T]; BLOCK] = [&[]; BLOCK];
+    let mut rows: [&[T]; BLOCK] = [&[]; BLOCK];
     let mut at = lo;
     while at < hi {
         let end = ((at / BLOCK + 1) * BLOCK).min(hi);
         for (j, pos) in (at..end).enumerate() {
             let slot = kv.slot(pos);
             let s = slot * kv.stride + k_off;
-            keys[j] = &kv.k[s..s + dk];
+            keys[j] = &k[s..s + dk];
             let s = slot * v_stride + v_off;
             rows[j] = &values[s..s + dv];
         }
@@ -108,7 +125,7 @@ pub(crate) fn attend_group(queries: &mut [Query<'_>], kv: &LayerKv, view: HeadVi
         for pos in ahead..(ahead + BLOCK).min(hi) {
             let slot = kv.slot(pos);
             let s = slot * kv.stride + k_off;
-            vecops::prefetch(&kv.k[s..s + dk]);
+            vecops::prefetch(&k[s..s + dk]);
             let s = slot * v_stride + v_off;
             vecops::prefetch(&values[s..s + dv]);
         }
@@ -298,13 +315,10 @@ mod tests {
 
     /// Two-pass softmax attention in f64: the plain definition `attend` must match.
     fn reference(q: &[f32], kv: &LayerKv, off: usize, hd: usize, span: Range<usize>) -> Vec<f64> {
-        let row = |buf: &[f32], pos: usize| {
+        let row = |buf: &CacheRows, pos: usize| {
             let s = kv.slot(pos) * kv.stride + off;
             assert_eq!(kv.stride, kv.v_stride);
-            buf[s..s + hd]
-                .iter()
-                .map(|&v| v as f64)
-                .collect::<Vec<f64>>()
+            (s..s + hd).map(|i| buf.get(i) as f64).collect::<Vec<f64>>()
         };
         let scores: Vec<f64> = span
             .clone()
@@ -338,8 +352,8 @@ mod tests {
         let val = |i: usize, s: f32| ((i * 7919 % 113) as f32 / 113.0 - 0.5) * s;
         let mut kv = LayerKv {
             cap,
-            k: (0..cap * stride).map(|i| val(i, 2.0)).collect(),
-            v: (0..cap * stride).map(|i| val(i + 5, 1.0)).collect(),
+            k: CacheRows::F32((0..cap * stride).map(|i| val(i, 2.0)).collect()),
+            v: CacheRows::F32((0..cap * stride).map(|i| val(i + 5, 1.0)).collect()),
             stride,
             v_stride: stride,
         };
@@ -360,7 +374,10 @@ mod tests {
         // Scores rising along the span: each key a larger multiple of the query.
         for p in 0..cap {
             let s = kv.slot(p) * stride;
-            for (k, qi) in kv.k[s..s + hd].iter_mut().zip(&q) {
+            let CacheRows::F32(keys) = &mut kv.k else {
+                unreachable!("an f32 cache")
+            };
+            for (k, qi) in keys[s..s + hd].iter_mut().zip(&q) {
                 *k = qi * (p as f32 * 0.05);
             }
         }
@@ -372,6 +389,72 @@ mod tests {
     }
 
     #[test]
+    fn an_f16_cache_is_the_f32_cache_of_its_rounded_values() {
+        // The same rows stored as f16, and as f32 holding the f16-rounded values: the
+        // same bits out, for GQA rows and for an MLA latent read as keys and values,
+        // over spans inside a block, across blocks and wrapping the ring; and near the
+        // unrounded cache, as f16's 11-bit mantissa allows.
+        use half::f16;
+        let (hd, heads, cap) = (40, 2, 50);
+        let exact = cache(hd, heads, cap, 3);
+        let rounded = |r: &CacheRows| -> (CacheRows, CacheRows) {
+            let v: Vec<f16> = (0..r.len()).map(|i| f16::from_f32(r.get(i))).collect();
+            let w: Vec<f32> = v.iter().map(|x| x.to_f32()).collect();
+            (CacheRows::F16(v), CacheRows::F32(w))
+        };
+        let ((k16, k32), (v16, v32)) = (rounded(&exact.k), rounded(&exact.v));
+        let layer = |k, v, v_stride| LayerKv {
+            cap,
+            k,
+            v,
+            stride: hd * heads,
+            v_stride,
+        };
+        let half = layer(k16, v16, hd * heads);
+        let widened = layer(k32, v32, hd * heads);
+        let q: Vec<f32> = (0..hd)
+            .map(|i| ((i * 37 % 17) as f32 / 17.0 - 0.5) * 1.5)
+            .collect();
+        let (mut a, mut b, mut c) = (vec![0f32; hd], vec![0f32; hd], vec![0f32; hd]);
+        for span in [0..1, 0..31, 0..33, 3..50, 30..95] {
+            for off in [0, hd] {
+                let view = HeadView::gqa(off, hd);
+                attend(&q, &half, view, span.clone(), &mut a);
+                attend(&q, &widened, view, span.clone(), &mut b);
+                attend(&q, &exact, view, span.clone(), &mut c);
+                assert_eq!(a, b, "{span:?} off {off}");
+                for (x, y) in a.iter().zip(&c) {
+                    assert!((x - y).abs() < 2e-3, "{span:?} off {off}: {x} vs {y}");
+                }
+            }
+        }
+        // MLA: the latent rows are the keys and, their first values, the values.
+        let (dk, dv) = (2 * hd, hd);
+        let (l16, l32) = rounded(&exact.k);
+        let latent = |k| LayerKv {
+            cap,
+            k,
+            v: CacheRows::F32(Vec::new()),
+            stride: dk,
+            v_stride: 0,
+        };
+        let view = HeadView {
+            key: (0, dk),
+            value: (0, dv),
+        };
+        let q: Vec<f32> = (0..dk).map(|i| (i * 29 % 13) as f32 / 13.0 - 0.5).collect();
+        let (mut a, mut b) = (vec![0f32; dv], vec![0f32; dv]);
+        let half = LayerKv {
+            v: CacheRows::F16(Vec::new()),
+            ..latent(l16)
+        };
+        attend(&q, &half, view, 0..cap, &mut a);
+        attend(&q, &latent(l32), view, 0..cap, &mut b);
+        assert_eq!(a, b);
+        assert!(a.iter().any(|&x| x != 0.0));
+    }
+
+    #[test]
     fn latent_values_are_the_head_of_each_key() {
         // An MLA cache: keys of 6 values per slot, no value buffer; the values are each
         // key's first 4. Equal to the same cache with the values copied out.
@@ -380,17 +463,19 @@ mod tests {
         let k: Vec<f32> = (0..cap * dk).map(val).collect();
         let latent = LayerKv {
             cap,
-            k: k.clone(),
-            v: Vec::new(),
+            k: CacheRows::F32(k.clone()),
+            v: CacheRows::F32(Vec::new()),
             stride: dk,
             v_stride: 0,
         };
         let split = LayerKv {
             cap,
-            v: (0..cap)
-                .flat_map(|s| k[s * dk..s * dk + dv].to_vec())
-                .collect(),
-            k,
+            v: CacheRows::F32(
+                (0..cap)
+                    .flat_map(|s| k[s * dk..s * dk + dv].to_vec())
+                    .collect(),
+            ),
+            k: CacheRows::F32(k),
             stride: dk,
             v_stride: dv,
         };
@@ -412,8 +497,8 @@ mod tests {
         let val = |i: usize, s: f32| (((i + seed) * 7919 % 113) as f32 / 113.0 - 0.5) * s;
         LayerKv {
             cap,
-            k: (0..cap * stride).map(|i| val(i, 2.0)).collect(),
-            v: (0..cap * stride).map(|i| val(i + 5, 1.0)).collect(),
+            k: CacheRows::F32((0..cap * stride).map(|i| val(i, 2.0)).collect()),
+            v: CacheRows::F32((0..cap * stride).map(|i| val(i + 5, 1.0)).collect()),
             stride,
             v_stride: stride,
         }
@@ -539,8 +624,8 @@ mod tests {
         let caches = vec![KvCache {
             layers: vec![LayerKv {
                 cap,
-                k: (0..cap * dk).map(val).collect(),
-                v: Vec::new(),
+                k: CacheRows::F32((0..cap * dk).map(val).collect()),
+                v: CacheRows::F32(Vec::new()),
                 stride: dk,
                 v_stride: 0,
             }],

@@ -345,10 +345,10 @@ impl ModelConfig {
         self.mla.map_or(2 * self.kv_dim(), |m| m.cached_width())
     }
 
-    /// Bytes of weft's (f32) KV cache per token over all layers, and what a full-KV
-    /// cache (every head's key and value) of the same model would need.
-    pub fn kv_bytes_per_token(&self) -> (usize, usize) {
-        let layers = self.n_layer * 4;
+    /// Bytes of weft's KV cache per token over all layers, its values stored as `ty`,
+    /// and what a full-KV cache (every head's key and value) of the same type would need.
+    pub fn kv_bytes_per_token(&self, ty: crate::kv::CacheType) -> (usize, usize) {
+        let layers = self.n_layer * ty.bytes();
         (
             layers * self.kv_floats_per_token_layer(),
             layers * self.full_kv_floats_per_token_layer(),

@@ -52,6 +52,15 @@ impl Engine {
         })
     }
 
+    /// Stores keys and values as `ty` from now on: the cache is made again, empty.
+    pub fn set_cache_type(&mut self, ty: crate::kv::CacheType) {
+        let n_ctx = self.kv.n_ctx;
+        self.model.set_cache_type(ty);
+        // The old cache's memory goes first, so the two are never held at once.
+        self.kv.layers = Vec::new();
+        self.kv = self.model.new_cache(n_ctx);
+    }
+
     pub fn n_ctx(&self) -> usize {
         self.kv.n_ctx
     }

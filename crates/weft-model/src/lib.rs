@@ -36,7 +36,7 @@ pub use constraint::TokenConstraint;
 pub use engine::Engine;
 pub use error::ModelError;
 pub use generate::{generate, Backend};
-pub use kv::KvCache;
+pub use kv::{CacheType, KvCache};
 pub use local_batch::LocalBatch;
 pub use model::{granularity, Logits, Model, DEFAULT_UBATCH};
 pub use request::{FinishReason, GenerateRequest, Generated};

@@ -28,8 +28,8 @@ impl LocalBatch {
         // busy spell leaves nothing behind (zeroed allocations are mapped lazily).
         for c in caches.iter_mut() {
             for l in c.layers.iter_mut() {
-                prefault(&mut l.k);
-                prefault(&mut l.v);
+                l.k.prefault();
+                l.v.prefault();
             }
         }
         prefault(&mut logits);

@@ -3,13 +3,20 @@
 //! of aborting on a failed allocation.
 
 use crate::config::ModelConfig;
+use crate::kv::CacheType;
 
-/// Bytes of the KV caches (f32 keys and values) and logits rows of `slots` sequences of
-/// up to `n_ctx` tokens, laid out as `KvCache::new` does: a sliding-window layer holds
-/// its window plus one micro-batch (`ubatch`), a global layer the whole context.
-pub fn serving_bytes(cfg: &ModelConfig, slots: usize, n_ctx: usize, ubatch: usize) -> u128 {
+/// Bytes of the KV caches (keys and values stored as `ty`) and logits rows of `slots`
+/// sequences of up to `n_ctx` tokens, laid out as `KvCache::new` does: a sliding-window
+/// layer holds its window plus one micro-batch (`ubatch`), a global layer the whole
+/// context.
+pub fn serving_bytes(
+    cfg: &ModelConfig,
+    slots: usize,
+    (n_ctx, ubatch): (usize, usize),
+    ty: CacheType,
+) -> u128 {
     let n_ctx = n_ctx.min(cfg.n_ctx_train).max(1) as u128;
-    let per_pos = cfg.kv_floats_per_token_layer() as u128 * 4;
+    let per_pos = cfg.kv_floats_per_token_layer() as u128 * ty.bytes() as u128;
     let per_slot: u128 = cfg
         .window
         .iter()
@@ -39,11 +46,11 @@ fn parse_mem_available(meminfo: &str) -> Option<u64> {
 pub fn check_fits(
     cfg: &ModelConfig,
     slots: usize,
-    n_ctx: usize,
-    ubatch: usize,
+    (n_ctx, ubatch): (usize, usize),
+    ty: CacheType,
     available: u64,
 ) -> Result<(), String> {
-    let need = serving_bytes(cfg, slots, n_ctx, ubatch);
+    let need = serving_bytes(cfg, slots, (n_ctx, ubatch), ty);
     if need <= available as u128 {
         return Ok(());
     }
@@ -92,25 +99,39 @@ mod tests {
     #[test]
     fn bytes_follow_the_cache_layout() {
         let c = cfg();
-        // 3 global layers x 2 KV heads x 64 dims x (K, V) x 4 bytes a position.
+        // 3 global layers x 2 KV heads x 64 dims x (K, V) x 4 bytes a position, half
+        // that in f16.
         let per_pos = 3 * 2 * 64 * 2 * 4;
         let logits = c.n_vocab as u128 * 4;
-        assert_eq!(serving_bytes(&c, 1, 100, 32), 100 * per_pos + logits);
-        assert_eq!(serving_bytes(&c, 8, 100, 32), 8 * (100 * per_pos + logits));
+        let f32 = CacheType::F32;
+        assert_eq!(serving_bytes(&c, 1, (100, 32), f32), 100 * per_pos + logits);
+        assert_eq!(
+            serving_bytes(&c, 8, (100, 32), f32),
+            8 * (100 * per_pos + logits)
+        );
+        let half = serving_bytes(&c, 8, (100, 32), CacheType::F16);
+        assert_eq!(half, 8 * (100 * per_pos / 2 + logits));
         // The context is capped at the trained one (2048), as the caches are.
-        assert_eq!(serving_bytes(&c, 1, 1 << 30, 32), 2048 * per_pos + logits);
+        assert_eq!(
+            serving_bytes(&c, 1, (1 << 30, 32), f32),
+            2048 * per_pos + logits
+        );
     }
 
     #[test]
     fn too_many_slots_are_refused_with_both_figures() {
         let c = cfg();
-        assert!(check_fits(&c, 8, 1024, 32, 21_400_000_000).is_ok());
-        let e = check_fits(&c, 100_000, 1024, 32, 21_400_000_000).unwrap_err();
+        let f32 = CacheType::F32;
+        assert!(check_fits(&c, 8, (1024, 32), f32, 21_400_000_000).is_ok());
+        let e = check_fits(&c, 100_000, (1024, 32), f32, 21_400_000_000).unwrap_err();
         assert!(
             e.starts_with("--parallel 100000 × --ctx 1024 needs 314.8 GB"),
             "{e}"
         );
         assert!(e.contains("this machine has 21.4 GB available"), "{e}");
+        // An f16 cache needs about half.
+        let e = check_fits(&c, 100_000, (1024, 32), CacheType::F16, 21_400_000_000).unwrap_err();
+        assert!(e.contains("needs 157."), "{e}");
     }
 
     #[test]

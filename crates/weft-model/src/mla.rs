@@ -261,7 +261,7 @@ impl MlaAttn {
         for t in 0..m {
             let lkv = &mut caches[row_seq[t]].layers[layer];
             let at = lkv.slot(row_pos[t]) * lkv.stride;
-            lkv.k[at..at + w].copy_from_slice(&s.kv[t * w..(t + 1) * w]);
+            lkv.k.write(at, &s.kv[t * w..(t + 1) * w]);
         }
         // Each head's query: its RoPE part rotated behind the latent part, which its
         // attn_k_b slice writes from the no-RoPE part.

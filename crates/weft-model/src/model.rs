@@ -13,7 +13,7 @@ use crate::batch::{self, SeqSpan};
 use crate::collective::Collective;
 use crate::config::ModelConfig;
 use crate::error::ModelError;
-use crate::kv::{KvCache, SlotWidths};
+use crate::kv::{CacheType, KvCache, SlotWidths};
 use crate::mla::{MlaAttn, MlaIo, MlaScratch};
 use crate::moe::{MoeFfn, MoeIo, MoeScratch};
 use crate::rows::{for_each_chunk, for_each_row, linear, linears_of_one_input, SendPtr};
@@ -152,6 +152,8 @@ pub struct Model {
     rope_local: Rope,
     kv_heads: Range<usize>,
     ubatch: usize,
+    /// How the caches `new_cache` makes store keys and values.
+    cache_type: CacheType,
     ws: Workspace,
 }
 
@@ -378,6 +380,7 @@ impl Model {
             head,
             kv_heads,
             ubatch,
+            cache_type: CacheType::default(),
             ws,
         })
     }
@@ -451,7 +454,13 @@ impl Model {
     /// Bytes of one `new_cache(n_ctx)`, before allocating it.
     pub fn cache_bytes(&self, n_ctx: usize) -> usize {
         let windows: Vec<_> = self.layers.iter().map(|l| l.window).collect();
-        KvCache::planned_bytes(&windows, self.slot_widths(), n_ctx, self.ubatch)
+        KvCache::planned_bytes(
+            &windows,
+            self.slot_widths(),
+            n_ctx,
+            self.ubatch,
+            self.cache_type,
+        )
     }
 
     /// Floats per cache slot of this shard's layers: its KV heads' keys and values, or
@@ -469,10 +478,25 @@ impl Model {
         }
     }
 
+    /// Stores the keys and values of caches made from now on as `ty` (f32 by default).
+    pub fn set_cache_type(&mut self, ty: CacheType) {
+        self.cache_type = ty;
+    }
+
+    pub fn cache_type(&self) -> CacheType {
+        self.cache_type
+    }
+
     /// A KV cache for one sequence of up to `n_ctx` tokens.
     pub fn new_cache(&self, n_ctx: usize) -> KvCache {
         let windows: Vec<_> = self.layers.iter().map(|l| l.window).collect();
-        KvCache::new(&windows, self.slot_widths(), n_ctx, self.ubatch)
+        KvCache::new(
+            &windows,
+            self.slot_widths(),
+            n_ctx,
+            self.ubatch,
+            self.cache_type,
+        )
     }
 
     /// The hidden state of the last forward call's tokens (`m x n_embd`): what a pipeline
@@ -702,8 +726,8 @@ impl Model {
         for t in 0..m {
             let lkv = &mut caches[ws.row_seq[t]].layers[li];
             let s = lkv.slot(ws.row_pos[t]) * lkv.stride;
-            lkv.k[s..s + kvl].copy_from_slice(&ws.k[t * kvl..(t + 1) * kvl]);
-            lkv.v[s..s + kvl].copy_from_slice(&ws.v[t * kvl..(t + 1) * kvl]);
+            lkv.k.write(s, &ws.k[t * kvl..(t + 1) * kvl]);
+            lkv.v.write(s, &ws.v[t * kvl..(t + 1) * kvl]);
         }
         let group = cfg.n_head / cfg.n_head_kv;
         let heads = HeadGroups {

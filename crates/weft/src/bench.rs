@@ -29,7 +29,7 @@ pub fn run(a: BenchArgs) -> Result<()> {
     let path = resolve_model(a.model.clone())?;
     let threads = resolve_threads(a.threads)?;
     let n_ctx = (a.depth + a.prefill + a.decode + 8).max(64);
-    let (mut engine, load_s) = load_engine(&path, threads, n_ctx)?;
+    let (mut engine, load_s) = load_engine(&path, threads, n_ctx, a.layout.cache_type)?;
     let n_vocab = engine.model.cfg.n_vocab as u32;
     // Pseudo-random prompt tokens, as llama-bench uses.
     let mut next = crate::bench_tokens::pseudo_random_tokens(n_vocab as u64);
@@ -94,7 +94,10 @@ pub fn run(a: BenchArgs) -> Result<()> {
     let roofline = bandwidth.map(|bw| bw / bytes_per_token as f64);
     let file_bytes = std::fs::metadata(&path).map(|m| m.len()).unwrap_or(0);
     let kv_bytes = engine.kv.bytes();
-    let kv_per_token = engine.model.cfg.kv_bytes_per_token();
+    let kv_per_token = engine
+        .model
+        .cfg
+        .kv_bytes_per_token(engine.model.cache_type());
     if a.json {
         outln!(
             "{}",
@@ -171,7 +174,10 @@ pub fn run(a: BenchArgs) -> Result<()> {
                 100.0 * tg_med / r
             )?;
         }
-        outln!("{}", crate::inspect::kv_per_token_line(&engine.model.cfg))?;
+        outln!(
+            "{}",
+            crate::inspect::kv_per_token_line(&engine.model.cfg, engine.model.cache_type())
+        )?;
         if let Some(rss) = rss {
             outln!(
                 "peak RSS {:.1} MB (file {:.1} MB, KV cache {:.1} MB)",

@@ -27,7 +27,7 @@ pub fn best_layout(
     threads: usize,
     workload: &Workload,
 ) -> Result<(Candidate, Vec<String>, Survey)> {
-    let model = weft_cluster::model_profile(file, cfg);
+    let model = weft_cluster::model_profile(file, cfg, l.cache_type);
     let s = survey(peers, &survey_options(secret, l, l.link_delay_us, threads))
         .map_err(|e| anyhow!("surveying the nodes to plan: {e}"))?;
     let cluster = cluster_profile(&s, &type_mix(file, cfg));
@@ -59,10 +59,10 @@ pub fn predict_given(
     file: &GgufFile,
     cfg: &ModelConfig,
     survey: &Survey,
-    layout: &Layout,
+    (layout, cache): (&Layout, weft_model::CacheType),
     workload: &Workload,
 ) -> Candidate {
-    let model = weft_cluster::model_profile(file, cfg);
+    let model = weft_cluster::model_profile(file, cfg, cache);
     let cluster = cluster_profile(survey, &type_mix(file, cfg));
     let spec = LayoutSpec {
         tp: layout.tp,

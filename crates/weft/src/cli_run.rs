@@ -59,7 +59,7 @@ pub fn run(a: RunArgs) -> Result<()> {
     if a.layout.is_cluster() {
         return run_cluster(&a, &path);
     }
-    let (mut engine, load_s) = load_engine(&path, threads, a.ctx)?;
+    let (mut engine, load_s) = load_engine(&path, threads, a.ctx, a.layout.cache_type)?;
     let prompt_ids = engine.tokenizer.encode(&a.prompt, true, true);
     let req = request(&a, prompt_ids.clone());
     let mut sink = TextSink::new(a.json);

@@ -170,7 +170,13 @@ pub fn open(
         (s, _) => s,
     };
     let predicted = match (&planned, &survey) {
-        (None, Some(s)) => Some(predict_given(&file, &cfg, s, &layout, &workload)),
+        (None, Some(s)) => Some(predict_given(
+            &file,
+            &cfg,
+            s,
+            (&layout, l.cache_type),
+            &workload,
+        )),
         _ => None,
     };
     let opts = ClusterOptions {
@@ -179,6 +185,7 @@ pub fn open(
         n_vocab: cfg.n_vocab,
         n_ctx: n_ctx.min(cfg.n_ctx_train).max(1),
         ubatch: DEFAULT_UBATCH,
+        cache_type: l.cache_type,
         slots: slots.max(1),
         threads_per_node: threads,
         transport: l.transport.clone(),

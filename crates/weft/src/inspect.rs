@@ -40,7 +40,7 @@ pub fn run(model: Option<PathBuf>, tensors: bool, check: bool, all: bool) -> Res
         outln!("  {k} = {shown}")?;
     }
     if let Ok(cfg) = weft_model::ModelConfig::from_gguf(&f) {
-        outln!("  {}", kv_per_token_line(&cfg))?;
+        outln!("  {}", kv_per_token_line(&cfg, weft_model::CacheType::F32))?;
     }
     if tensors {
         for t in f.tensors() {
@@ -64,14 +64,15 @@ pub fn run(model: Option<PathBuf>, tensors: bool, check: bool, all: bool) -> Res
     Ok(())
 }
 
-/// The KV cache's bytes per token (f32, all layers), what it holds, and what a full-KV
-/// cache of the same model would need: MLA's saving in one line.
-pub fn kv_per_token_line(cfg: &weft_model::ModelConfig) -> String {
-    let (cached, full) = cfg.kv_bytes_per_token();
+/// The KV cache's bytes per token (values stored as `ty`, all layers), what it holds, and
+/// what a full-KV cache of the same model would need: MLA's saving in one line.
+pub fn kv_per_token_line(cfg: &weft_model::ModelConfig, ty: weft_model::CacheType) -> String {
+    let (cached, full) = cfg.kv_bytes_per_token(ty);
+    let t = ty.name();
     let holds = match cfg.mla {
-        Some(m) => format!("MLA latent {} + RoPE key {} f32", m.kv_lora_rank, m.n_rope),
+        Some(m) => format!("MLA latent {} + RoPE key {} {t}", m.kv_lora_rank, m.n_rope),
         None => format!(
-            "keys and values of {} KV heads x {} f32",
+            "keys and values of {} KV heads x {} {t}",
             cfg.n_head_kv, cfg.head_dim
         ),
     };

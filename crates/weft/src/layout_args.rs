@@ -45,6 +45,10 @@ pub struct LayoutArgs {
     /// busiest group waits less, for that much more memory per node.
     #[arg(long, default_value_t = 0)]
     pub ep_spares: usize,
+    /// How the KV cache stores keys and values: f32, or f16 (half the memory and the
+    /// bytes attention reads at long context; llama.cpp's default). On every node.
+    #[arg(long, default_value = "f32")]
+    pub cache_type: weft_model::CacheType,
     /// Data-plane transport: auto (shared memory on one host), tcp or shm.
     #[arg(long, default_value = "auto")]
     pub transport: String,

@@ -21,6 +21,12 @@ pub fn check(path: &Path, layout: &LayoutArgs, slots: usize, n_ctx: usize) -> Re
     };
     let f = GgufFile::open(path)?;
     let cfg = ModelConfig::from_gguf(&f)?;
-    memory::check_fits(&cfg, slots, n_ctx, DEFAULT_UBATCH, available)
-        .map_err(|e| anyhow!("{}: {e}", path.display()))
+    memory::check_fits(
+        &cfg,
+        slots,
+        (n_ctx, DEFAULT_UBATCH),
+        layout.cache_type,
+        available,
+    )
+    .map_err(|e| anyhow!("{}: {e}", path.display()))
 }

@@ -21,6 +21,9 @@ pub struct PerplexityArgs {
     pub ctx: usize,
     #[arg(long, short = 't')]
     pub threads: Option<usize>,
+    /// How the KV cache stores keys and values: f32 or f16.
+    #[arg(long, default_value = "f32")]
+    pub cache_type: weft_model::CacheType,
     #[arg(long)]
     pub json: bool,
 }
@@ -30,7 +33,7 @@ pub fn run(a: PerplexityArgs) -> Result<()> {
         .with_context(|| format!("reading {}", a.file.display()))?;
     let path = resolve_model(a.model.clone())?;
     let threads = resolve_threads(a.threads)?;
-    let (mut engine, _) = load_engine(&path, threads, a.ctx)?;
+    let (mut engine, _) = load_engine(&path, threads, a.ctx, a.cache_type)?;
     let tokens = engine.tokenizer.encode(&text, true, false);
     let t0 = std::time::Instant::now();
     let quiet = a.json;

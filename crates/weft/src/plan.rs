@@ -17,7 +17,7 @@ pub fn run(a: PlanArgs) -> Result<()> {
     let path = resolve_model(a.model.clone())?;
     let file = GgufFile::open(&path).with_context(|| format!("opening {}", path.display()))?;
     let cfg = ModelConfig::from_gguf(&file)?;
-    let model = weft_cluster::model_profile(&file, &cfg);
+    let model = weft_cluster::model_profile(&file, &cfg, a.live.cache_type);
     let Some(cluster_file) = &a.cluster else {
         return crate::plan_live::run(&a, &path, &file, &cfg, &model);
     };

@@ -39,8 +39,14 @@ pub fn resolve_threads(asked: Option<usize>) -> Result<usize> {
     Ok(n)
 }
 
-/// Loads `path` for `n_ctx` tokens; returns the engine and the seconds it took.
-pub fn load_engine(path: &Path, threads: usize, n_ctx: usize) -> Result<(Engine, f64)> {
+/// Loads `path` for `n_ctx` tokens, its KV cache stored as `cache_type`; returns the
+/// engine and the seconds it took.
+pub fn load_engine(
+    path: &Path,
+    threads: usize,
+    n_ctx: usize,
+    cache_type: weft_model::CacheType,
+) -> Result<(Engine, f64)> {
     let t0 = Instant::now();
     let bar = ProgressBar::new(1);
     bar.set_style(
@@ -52,11 +58,14 @@ pub fn load_engine(path: &Path, threads: usize, n_ctx: usize) -> Result<(Engine,
             .map(|n| n.to_string_lossy().into_owned())
             .unwrap_or_default(),
     );
-    let engine = Engine::load(path, threads, n_ctx, &mut |done, total| {
+    let mut engine = Engine::load(path, threads, n_ctx, &mut |done, total| {
         bar.set_length(total as u64);
         bar.set_position(done as u64);
     })
     .with_context(|| format!("loading {}", path.display()))?;
     bar.finish_and_clear();
+    if cache_type != engine.model.cache_type() {
+        engine.set_cache_type(cache_type);
+    }
     Ok((engine, t0.elapsed().as_secs_f64()))
 }

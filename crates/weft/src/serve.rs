@@ -101,7 +101,7 @@ pub fn run(a: ServeArgs) -> Result<()> {
             crate::serve_cluster::start(&a, &path, opts)?
         } else {
             let threads = resolve_threads(a.threads)?;
-            let (engine, _) = load_engine(&path, threads, a.ctx)?;
+            let (engine, _) = load_engine(&path, threads, a.ctx, a.layout.cache_type)?;
             let template = chat_template(engine.model.file(), &engine.tokenizer)?;
             let layers = engine.model.cfg.n_layer;
             let weight_bytes = engine.model.weight_bytes_per_token();

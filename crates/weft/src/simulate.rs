@@ -63,8 +63,8 @@ fn model(name: &str, bits: Option<f64>, kv_bytes: usize) -> Result<Model> {
         }
         let file = GgufFile::open(path).with_context(|| format!("opening {name}"))?;
         let cfg = ModelConfig::from_gguf(&file).with_context(|| format!("reading {name}"))?;
-        let mut profile = weft_cluster::model_profile(&file, &cfg);
-        // weft caches f32; another engine's cache holds `kv_bytes` a value.
+        let mut profile = weft_cluster::model_profile(&file, &cfg, weft_model::CacheType::F32);
+        // The engine's cache holds `kv_bytes` a value (f32 above).
         profile.kv_bytes_per_token = profile.kv_bytes_per_token / 4 * kv_bytes as u64;
         let weights: u64 = file.tensors().iter().map(|t| t.n_elements()).sum();
         let bits = profile.total_bytes() as f64 * 8.0 / weights.max(1) as f64;

@@ -12,8 +12,10 @@ mod common;
 
 use std::time::Instant;
 
-use common::llamacpp::{compare, four_types, guard_other_seed, llamacpp, synth, LlamaServer};
-use common::{greedy, ids, ok_json, weft, SYNTHETIC_TOL};
+use common::llamacpp::{
+    compare, four_types, guard_other_seed, llamacpp, other_order_agrees, synth, LlamaServer,
+};
+use common::{greedy, ids, ok_json, weft};
 
 /// Tokens generated per case.
 const N: usize = 16;
@@ -136,16 +138,18 @@ fn deepseek2_matches_llamacpp() {
                             .map(|g| format!("  near-tie: llama.cpp's token {g:.3} behind"))
                             .unwrap_or_default()
                     )),
-                    Err(e) => match other_order_agrees(&model, prompt, &run, &llama, tol) {
-                        Some(at) => table.push(format!(
-                            "{case:<52} {at:>2}/{N}  routing near-tie: weft's other \
+                    Err(e) => {
+                        match other_order_agrees(&model, prompt, (&run, &llama), (N, tol), &[]) {
+                            Some(at) => table.push(format!(
+                                "{case:<52} {at:>2}/{N}  routing near-tie: weft's other \
                              summation order (ggml's row layout) takes llama.cpp's token there"
-                        )),
-                        None => {
-                            table.push(format!("{case:<52} PARTS"));
-                            failures.push(format!("{case}: {e}"));
+                            )),
+                            None => {
+                                table.push(format!("{case:<52} PARTS"));
+                                failures.push(format!("{case}: {e}"));
+                            }
                         }
-                    },
+                    }
                 }
             }
         }
@@ -171,48 +175,6 @@ fn deepseek2_matches_llamacpp() {
         "weft against llama.cpp:\n{}",
         failures.join("\n\n")
     );
-}
-
-/// Where weft's path parts from llama.cpp's beyond the near-tie tolerance on a quantized
-/// model, weft itself may part there when only its summation order changes: a routed
-/// layer's expert choice can hang on a near-tie between expert groups, and a flipped
-/// choice moves the logits by more than the activation rounding does. The part is a
-/// near-tie when weft run in ggml's row layout (`WEFT_KERNELS_NO_PACK=1`, another order)
-/// takes llama.cpp's token at that position; returns the position.
-fn other_order_agrees(
-    model: &std::path::Path,
-    prompt: &str,
-    run: &serde_json::Value,
-    llama: &[u64],
-    tol: f64,
-) -> Option<usize> {
-    if tol == SYNTHETIC_TOL {
-        return None;
-    }
-    let at = ids(run, "token_ids")
-        .iter()
-        .zip(llama)
-        .take_while(|(a, b)| a == b)
-        .count();
-    let n = N.to_string();
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_weft"))
-        .env("WEFT_KERNELS_NO_PACK", "1")
-        .args([
-            "run",
-            "--model",
-            model.to_str()?,
-            "--prompt",
-            prompt,
-            "-n",
-            &n,
-        ])
-        .args(["--temperature", "0", "--json", "--logprobs", "5"])
-        .output()
-        .ok()?;
-    let other = ok_json(&out);
-    let other_ids = ids(&other, "token_ids");
-    let agrees = other_ids.len() > at && other_ids[..=at] == llama[..=at];
-    agrees.then_some(at)
 }
 
 /// MLA's cache per token is the latent plus the RoPE key per layer (f32), whatever the

@@ -68,6 +68,12 @@ impl Drop for LlamaServer {
 
 impl LlamaServer {
     pub fn start(bin: &Path, model: &Path) -> Self {
+        Self::start_with_cache(bin, model, "f32")
+    }
+
+    /// As `start`, its KV cache's keys and values stored as `cache` ("f32" or "f16"),
+    /// flash attention still off.
+    pub fn start_with_cache(bin: &Path, model: &Path, cache: &str) -> Self {
         let port = TcpListener::bind("127.0.0.1:0")
             .unwrap()
             .local_addr()
@@ -75,15 +81,15 @@ impl LlamaServer {
             .port();
         let log = model.with_extension("server.log");
         let out = File::create(&log).unwrap();
-        // weft keeps its KV cache in F32: so does this server, without flash attention
-        // (which wants an F16 cache). llama.cpp's default F16 cache alone moves its own
+        // weft keeps its KV cache in F32 unless told: so does this server, without flash
+        // attention (which wants an F16 cache). llama.cpp's default F16 cache alone moves its own
         // Q8_0 logprobs by up to 0.23 here, more than the two programs differ.
         let child = Command::new(bin.join("llama-server"))
             .arg("-m")
             .arg(model)
             .args(["--host", "127.0.0.1", "--port", &port.to_string()])
             .args(["-t", "2", "-c", "2048", "-np", "1", "--no-warmup"])
-            .args(["-ctk", "f32", "-ctv", "f32", "-fa", "off"])
+            .args(["-ctk", cache, "-ctv", cache, "-fa", "off"])
             .stdin(Stdio::null())
             .stdout(out.try_clone().unwrap())
             .stderr(out)
@@ -319,4 +325,48 @@ pub fn guard_other_seed(
         }
     }
     (table, failures)
+}
+
+/// Where weft's path parts from llama.cpp's beyond the near-tie tolerance on a quantized
+/// model, weft itself may part there when only its summation order changes: a routed
+/// layer's expert choice can hang on a near-tie between expert groups, and a flipped
+/// choice moves the logits by more than the activation rounding does. The part is a
+/// near-tie when weft run in ggml's row layout (`WEFT_KERNELS_NO_PACK=1`, another order),
+/// with the same `extra` flags, takes llama.cpp's token at that position; returns the
+/// position. `n` tokens are generated, as in `run`.
+pub fn other_order_agrees(
+    model: &Path,
+    prompt: &str,
+    (run, llama): (&Value, &[u64]),
+    (n, tol): (usize, f64),
+    extra: &[&str],
+) -> Option<usize> {
+    if tol == super::SYNTHETIC_TOL {
+        return None;
+    }
+    let at = ids(run, "token_ids")
+        .iter()
+        .zip(llama)
+        .take_while(|(a, b)| a == b)
+        .count();
+    let n = n.to_string();
+    let out = Command::new(env!("CARGO_BIN_EXE_weft"))
+        .env("WEFT_KERNELS_NO_PACK", "1")
+        .args([
+            "run",
+            "--model",
+            model.to_str()?,
+            "--prompt",
+            prompt,
+            "-n",
+            &n,
+        ])
+        .args(["--temperature", "0", "--json", "--logprobs", "5"])
+        .args(extra)
+        .output()
+        .ok()?;
+    let other = super::ok_json(&out);
+    let other_ids = ids(&other, "token_ids");
+    let agrees = other_ids.len() > at && other_ids[..=at] == llama[..=at];
+    agrees.then_some(at)
 }
