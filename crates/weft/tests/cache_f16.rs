@@ -9,7 +9,7 @@ mod common;
 use std::time::Instant;
 
 use common::llamacpp::{
-    compare, llamacpp, other_order_agrees, quantize, synth, LlamaServer, QUANT_TOL,
+    compare, llamacpp, other_order_agrees, quantize, synth, word_pairs, LlamaServer, QUANT_TOL,
 };
 use common::{
     assert_same_path, greedy, ids, ok_json, real_model, synthetic_llama_q8, weft, GEMMA3_TOL,
@@ -23,10 +23,10 @@ const F16: [&str; 2] = ["--cache-type", "f16"];
 
 fn prompts() -> [(&'static str, String); 2] {
     // 170 word pairs: past 1,000 tokens in the synthetic vocabulary.
-    let long = (0..170)
-        .map(|i| ["the cat", "sat on", "a mat", "in Paris", "hello world"][i % 5])
-        .collect::<Vec<_>>()
-        .join(" ");
+    let long = word_pairs(
+        170,
+        &["the cat", "sat on", "a mat", "in Paris", "hello world"],
+    );
     [
         ("france", "hello world, the capital of France is".into()),
         ("long", long),

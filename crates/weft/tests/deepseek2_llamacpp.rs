@@ -13,7 +13,8 @@ mod common;
 use std::time::Instant;
 
 use common::llamacpp::{
-    compare, four_types, guard_other_seed, llamacpp, other_order_agrees, synth, LlamaServer,
+    compare, four_types, guard_other_seed, llamacpp, other_order_agrees, synth, word_pairs,
+    LlamaServer,
 };
 use common::{greedy, ids, ok_json, weft};
 
@@ -92,10 +93,10 @@ fn flags(own: &[&'static str]) -> Vec<&'static str> {
 
 fn prompts() -> [(&'static str, String); 3] {
     // 170 word pairs: past 1,000 tokens in the synthetic vocabulary.
-    let long = (0..170)
-        .map(|i| ["the cat", "sat on", "a mat", "in Paris", "hello world"][i % 5])
-        .collect::<Vec<_>>()
-        .join(" ");
+    let long = word_pairs(
+        170,
+        &["the cat", "sat on", "a mat", "in Paris", "hello world"],
+    );
     [
         ("cat", "the cat sat on the mat".to_string()),
         (

@@ -8,7 +8,7 @@ mod common;
 use std::time::Instant;
 
 use common::llamacpp::{
-    compare, four_types, guard_other_seed, llamacpp, split, synth, LlamaServer,
+    compare, four_types, guard_other_seed, llamacpp, split, synth, word_pairs, LlamaServer,
 };
 use common::{greedy, ids};
 
@@ -41,10 +41,7 @@ const MODELS: [(&str, &[&str]); 2] = [
 
 fn prompts() -> [(&'static str, String); 3] {
     // 21 word pairs: about 150 tokens in the synthetic vocabulary.
-    let long = (0..21)
-        .map(|i| ["the cat", "sat on", "a mat", "in Paris"][i % 4])
-        .collect::<Vec<_>>()
-        .join(" ");
+    let long = word_pairs(21, &["the cat", "sat on", "a mat", "in Paris"]);
     [
         ("cat", "the cat sat on the mat".to_string()),
         (

@@ -370,3 +370,12 @@ pub fn other_order_agrees(
     let agrees = other_ids.len() > at && other_ids[..=at] == llama[..=at];
     agrees.then_some(at)
 }
+
+/// A long prompt of `count` word pairs taken from `pairs` in turn, spaces between: the
+/// llama.cpp comparisons' long case (in the synthetic vocabulary about 8 tokens a pair).
+pub fn word_pairs(count: usize, pairs: &[&str]) -> String {
+    (0..count)
+        .map(|i| pairs[i % pairs.len()])
+        .collect::<Vec<_>>()
+        .join(" ")
+}
