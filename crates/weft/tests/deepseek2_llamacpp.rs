@@ -3,8 +3,8 @@
 //! with sigmoid routing (and its selection bias) and with group-limited softmax routing,
 //! with 1 and 2 leading dense layers, with and without renormalised expert weights, with
 //! YaRN RoPE scaling, in the legacy layout with one attn_kv_b, in F32, F16, Q8_0 and
-//! Q4_K_M, weft's greedy tokens
-//! must be llama-server's up to a part at a near-tie, prompts past 1,000 tokens included;
+//! Q4_K_M, weft's greedy tokens must be llama-server's up to a part at a near-tie,
+//! prompts past 1,000 tokens included;
 //! a model of another seed must fail the same comparison. `weft inspect` and `weft bench`
 //! must report the MLA cache's bytes per token and the full-KV figure beside it.
 
@@ -13,7 +13,7 @@ mod common;
 use std::time::Instant;
 
 use common::llamacpp::{
-    compare, four_types, guard_other_seed, llamacpp, other_order_agrees, synth, word_pairs,
+    compare, guard_other_seed, llamacpp, other_order_agrees, quant_types, synth, word_pairs,
     LlamaServer,
 };
 use common::{greedy, ids, ok_json, weft};
@@ -116,8 +116,9 @@ fn deepseek2_matches_llamacpp() {
     let mut table = Vec::new();
     let mut failures = Vec::new();
     for (name, own) in MODELS {
-        let files = four_types(&bin, dir.path(), name, &flags(own));
-        for (ty, model, tol) in files {
+        let files = quant_types(&bin, dir.path(), name, &flags(own));
+        // Q5_K_M stores the rows K-quants cannot hold as Q5_1, which weft does not read yet.
+        for (ty, model, tol) in files.into_iter().filter(|f| f.0 != "Q5_K_M") {
             let server = LlamaServer::start(&bin, &model);
             for (label, prompt) in &prompts {
                 let run = greedy(model.to_str().unwrap(), prompt, N, &[]);

@@ -340,7 +340,7 @@ pub fn packed_path() -> Option<Path> {
 }
 
 /// Whether weights of type `w` in rows of `n` values are best kept interleaved
-/// ([`pack`]) on this CPU: Q4_K, Q6_K, Q4_0, Q5_0 and Q8_0 where a VNNI form runs. A loader
+/// ([`pack`]) on this CPU: Q4_K, Q5_K, Q6_K, Q4_0, Q5_0 and Q8_0 where a VNNI form runs. A loader
 /// that packs calls [`pack_rows`] once and then [`matvec_packed`] / [`matmul_packed`].
 pub fn packs(w: GgmlType, n: usize) -> bool {
     pack::packable(w, n) && packed_path().is_some()

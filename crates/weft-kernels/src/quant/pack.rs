@@ -1,4 +1,4 @@
-//! The interleaved weight layouts: Q4_K, Q6_K, Q4_0, Q5_0 and Q8_0 rows repacked at load,
+//! The interleaved weight layouts: Q4_K, Q5_K, Q6_K, Q4_0, Q5_0 and Q8_0 rows repacked at load,
 //! eight to a group, so the VNNI kernels hold one row per i32 lane.
 //!
 //! In ggml's layout a row's 256-value super-block is one block; a SIMD dot product runs
@@ -20,6 +20,13 @@
 //! | 32 | 64 | scale of sub-block j, row r at `32 + 8j + r`, u8 (6 bits) |
 //! | 96 | 64 | min of sub-block 2p+e, row r at `96 + 16p + 2r + e`, u8 (6 bits) |
 //! | 160 | 1024 | levels: sub-block j, quarter h (`160 + 128j + 32h`): byte `4r + i` holds value `32j + 4h + i` of row r in its low nibble and value `32j + 16 + 4h + i` in its high one |
+//!
+//! Q5_K, [`Q5K_GROUP_BYTES`] bytes (2.3 % more than eight blocks of 176): the first 160
+//! bytes as Q4_K's, then per sub-block j 160 bytes at [`q5k_fifth`]`(j)`: a 32-byte plane
+//! of fifth bits (bit h of byte `4r + i` is that of value `32j + 4h + i` of row r, bit
+//! 4 + h that of value `32j + 16 + 4h + i`: the low and high nibbles of load h), then the
+//! 128 level bytes as Q4_K's: each sub-block in one piece, so decode reads the group as
+//! one forward stream.
 //!
 //! Q6_K keeps its size (1680 bytes, eight blocks of 210): `d` of the eight rows (f16, 16
 //! bytes at 0); the sixteen 16-value sub-blocks' scales, sub-block s of row r at
@@ -136,6 +143,16 @@ pub const Q4K_GROUP_BYTES: usize = 1184;
 /// The most super-blocks a row may have to be interleaved (524,288 values, far above any
 /// model's widest layer): the kernel keeps a token chunk's sub-block sums on its stack.
 pub const Q4K_MAX_BLOCKS: usize = 2048;
+/// Bytes of one super-block of eight interleaved Q5_K rows.
+pub const Q5K_GROUP_BYTES: usize = OFF_LEVELS + 8 * 160;
+
+/// Where a Q5_K group's sub-block j starts: its plane of fifth bits (32 bytes), then its
+/// levels as Q4_K's (128 bytes at `+ 32`).
+pub(super) const fn q5k_fifth(j: usize) -> usize {
+    OFF_LEVELS + 160 * j
+}
+const _: () = assert!(q5k_fifth(7) + 160 == Q5K_GROUP_BYTES);
+
 /// Bytes of one super-block of eight interleaved Q6_K rows, and offsets inside it.
 pub const Q6K_GROUP_BYTES: usize = 1680;
 pub(super) const Q6K_OFF_SCALES: usize = 16;
@@ -155,8 +172,9 @@ pub(super) const fn q6k_high(j: usize) -> usize {
 const _: () = assert!(q6k_high(7) + 64 == Q6K_GROUP_BYTES);
 /// Bytes of one Q6_K block in ggml's layout.
 const Q6K_BLOCK: usize = 210;
-/// Bytes of one Q4_K block in ggml's layout.
+/// Bytes of one Q4_K and one Q5_K block in ggml's layout.
 const Q4K_BLOCK: usize = 144;
+const Q5K_BLOCK: usize = 176;
 
 /// Offsets inside a group's super-block (see the table above).
 pub(super) const OFF_DMIN: usize = 16;
@@ -185,7 +203,7 @@ pub fn legacy_offset(w: GgmlType) -> i32 {
 /// Whether rows of `n` values of type `w` can be interleaved.
 pub fn packable(w: GgmlType, n: usize) -> bool {
     match w {
-        GgmlType::Q4_K | GgmlType::Q6_K => q4k_packable(n),
+        GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q6_K => q4k_packable(n),
         GgmlType::Q4_0 | GgmlType::Q5_0 | GgmlType::Q8_0 => {
             n.is_multiple_of(32) && n > 0 && n / 32 <= LEGACY_MAX_BLOCKS
         }
@@ -197,6 +215,7 @@ pub fn packable(w: GgmlType, n: usize) -> bool {
 pub fn group_block_bytes(w: GgmlType) -> usize {
     match w {
         GgmlType::Q4_K => Q4K_GROUP_BYTES,
+        GgmlType::Q5_K => Q5K_GROUP_BYTES,
         GgmlType::Q6_K => Q6K_GROUP_BYTES,
         _ => GROUP_ROWS * w.type_size(),
     }
@@ -254,6 +273,7 @@ pub fn pack_into(w: GgmlType, n: usize, rows: &[u8], n_rows: usize, out: &mut [u
             let block = &rows[(row * nb + b) * wb..][..wb];
             match w {
                 GgmlType::Q4_K => place_q4k(o, r, block),
+                GgmlType::Q5_K => place_q5k(o, r, block),
                 GgmlType::Q6_K => place_q6k(o, r, block),
                 _ => place_legacy(w, o, r, block),
             }
@@ -348,7 +368,7 @@ fn windows_of_packed(w: GgmlType, n: usize, packed: &[u8]) -> Windows {
 /// scalar fallback); `packed` is the whole matrix.
 pub fn unpack_row(w: GgmlType, n: usize, packed: &[u8], row: usize) -> Vec<u8> {
     match w {
-        GgmlType::Q4_K => return unpack_q4k_row(n, packed, row),
+        GgmlType::Q4_K | GgmlType::Q5_K => return unpack_kmin_row(w, n, packed, row),
         GgmlType::Q6_K => return unpack_q6k_row(n, packed, row),
         _ => {}
     }
@@ -388,8 +408,9 @@ pub fn unpack_row(w: GgmlType, n: usize, packed: &[u8], row: usize) -> Vec<u8> {
     out
 }
 
-/// Puts a Q4_K super-block as row r of its group super-block `o`.
-fn place_q4k(o: &mut [u8], r: usize, block: &[u8]) {
+/// Puts the steps, scales and mins of a Q4_K or Q5_K super-block (the same first 16
+/// bytes) as row r of its group super-block `o`.
+fn place_kmin_header(o: &mut [u8], r: usize, block: &[u8]) {
     o[2 * r..2 * r + 2].copy_from_slice(&block[0..2]);
     o[OFF_DMIN + 2 * r..OFF_DMIN + 2 * r + 2].copy_from_slice(&block[2..4]);
     for j in 0..8 {
@@ -397,6 +418,11 @@ fn place_q4k(o: &mut [u8], r: usize, block: &[u8]) {
         o[OFF_SCALES + 8 * j + r] = sc;
         o[OFF_MINS + 16 * (j / 2) + 2 * r + j % 2] = m;
     }
+}
+
+/// Puts a Q4_K super-block as row r of its group super-block `o`.
+fn place_q4k(o: &mut [u8], r: usize, block: &[u8]) {
+    place_kmin_header(o, r, block);
     // Sub-block j is the low (even j) or high nibbles of 32 bytes of qs.
     let qs = &block[16..Q4K_BLOCK];
     for j in 0..8 {
@@ -406,14 +432,35 @@ fn place_q4k(o: &mut [u8], r: usize, block: &[u8]) {
     }
 }
 
-/// Row `row` of interleaved Q4_K rows back in ggml's layout.
-fn unpack_q4k_row(n: usize, packed: &[u8], row: usize) -> Vec<u8> {
+/// Puts a Q5_K super-block (d, dmin, 12 bytes of scales, 32 of fifth bits, 128 of
+/// nibbles) as row r of its group super-block `o`.
+fn place_q5k(o: &mut [u8], r: usize, block: &[u8]) {
+    place_kmin_header(o, r, block);
+    let (qh, qs) = (&block[16..48], &block[48..Q5K_BLOCK]);
+    for j in 0..8 {
+        // As Q4_K's nibbles; value w's fifth bit is bit j of qh[w].
+        let (src, shift) = (&qs[32 * (j / 2)..][..32], 4 * (j % 2));
+        let q: [u8; 32] = std::array::from_fn(|w| src[w] >> shift);
+        put_nibble_pairs(&mut o[q5k_fifth(j) + 32..], r, &q);
+        let fifth = |w: usize| (qh[w] >> j) & 1;
+        for i in 0..4 {
+            o[q5k_fifth(j) + 4 * r + i] = (0..4).fold(0u8, |acc, h| {
+                acc | (fifth(4 * h + i) << h) | (fifth(16 + 4 * h + i) << (4 + h))
+            });
+        }
+    }
+}
+
+/// Row `row` of interleaved Q4_K or Q5_K rows back in ggml's layout.
+fn unpack_kmin_row(w: GgmlType, n: usize, packed: &[u8], row: usize) -> Vec<u8> {
     let nb = n / 256;
     let (g, r) = (row / GROUP_ROWS, row % GROUP_ROWS);
-    let windows = windows_of_packed(GgmlType::Q4_K, n, packed);
-    let mut out = vec![0u8; nb * Q4K_BLOCK];
-    for (b, block) in out.chunks_exact_mut(Q4K_BLOCK).enumerate() {
-        let o = &packed[windows.index(g, b) * Q4K_GROUP_BYTES..][..Q4K_GROUP_BYTES];
+    let five = w == GgmlType::Q5_K;
+    let (wb, gb) = (w.type_size(), group_block_bytes(w));
+    let windows = windows_of_packed(w, n, packed);
+    let mut out = vec![0u8; nb * wb];
+    for (b, block) in out.chunks_exact_mut(wb).enumerate() {
+        let o = &packed[windows.index(g, b) * gb..][..gb];
         block[0..2].copy_from_slice(&o[2 * r..2 * r + 2]);
         block[2..4].copy_from_slice(&o[OFF_DMIN + 2 * r..OFF_DMIN + 2 * r + 2]);
         let sc: [u8; 8] = std::array::from_fn(|j| o[OFF_SCALES + 8 * j + r]);
@@ -425,14 +472,25 @@ fn unpack_q4k_row(n: usize, packed: &[u8], row: usize) -> Vec<u8> {
             block[8 + j] = (mn[j] & 63) | ((mn[j + 4] >> 4) << 6);
             block[12 + j] = (sc[j + 4] & 0xF) | ((mn[j + 4] & 0xF) << 4);
         }
+        // Q5_K's nibbles follow its 32 bytes of fifth bits.
+        let qs = if five { 48 } else { 16 };
         for k in 0..256 {
             let (j, w) = (k / 32, k % 32);
             let (h, high) = (w % 16 / 4, w >= 16);
-            let byte = o[OFF_LEVELS + 128 * j + 32 * h + 4 * r + w % 4];
+            let levels = if five {
+                q5k_fifth(j) + 32
+            } else {
+                OFF_LEVELS + 128 * j
+            };
+            let byte = o[levels + 32 * h + 4 * r + w % 4];
             let q = if high { byte >> 4 } else { byte & 0x0F };
             let (c, v) = (k / 64, k % 64);
-            let at = 16 + 32 * c + v % 32;
-            block[at] |= if v < 32 { q } else { q << 4 };
+            block[qs + 32 * c + v % 32] |= if v < 32 { q } else { q << 4 };
+            if five {
+                let plane = o[q5k_fifth(j) + 4 * r + w % 4];
+                let bit = (plane >> (h + 4 * usize::from(high))) & 1;
+                block[16 + w] |= bit << j;
+            }
         }
     }
     out

@@ -748,7 +748,7 @@ fn same_bits_as_alone(w: G, n: usize, weights: &[u8], rows: usize, acts: &[u8], 
 // ---- Interleaved rows (quant::pack) ----
 
 /// The types `quant::pack` interleaves.
-const PACKED: [G; 5] = [G::Q4_K, G::Q6_K, G::Q4_0, G::Q5_0, G::Q8_0];
+const PACKED: [G; 6] = [G::Q4_K, G::Q5_K, G::Q6_K, G::Q4_0, G::Q5_0, G::Q8_0];
 
 #[test]
 fn interleaving_round_trips_every_row() {
@@ -757,7 +757,7 @@ fn interleaving_round_trips_every_row() {
         let rb = |n| row_bytes(ty, n);
         // 8,960 and 4,352 values (35 and 17 blocks) lie in windows, as do 4,160 and 8,960
         // of the 32-value formats (130 and 280 blocks).
-        let long = if matches!(ty, G::Q4_K | G::Q6_K) {
+        let long = if matches!(ty, G::Q4_K | G::Q5_K | G::Q6_K) {
             4352
         } else {
             4160
@@ -771,11 +771,12 @@ fn interleaving_round_trips_every_row() {
                 assert_eq!(
                     packed.len(),
                     n_rows.div_ceil(8) * 8 * rb(n)
-                        + if ty == G::Q4_K {
-                            n_rows.div_ceil(8) * n / 256 * (1184 - 8 * 144)
-                        } else {
-                            0
-                        }
+                        + n_rows.div_ceil(8) * n / 256
+                            * match ty {
+                                G::Q4_K => 1184 - 8 * 144,
+                                G::Q5_K => 1440 - 8 * 176,
+                                _ => 0,
+                            }
                 );
                 for r in 0..n_rows {
                     let back = pack::unpack_row(ty, n, &packed, r);
@@ -864,6 +865,8 @@ fn interleaved_rows_match_scalar_and_a_token_alone() {
     for w in PACKED {
         let (sizes, extreme) = match w {
             G::Q4_K => ([256usize, 1024, 4352], 4..144),
+            // Q5_K: every level at 31 (fifth bits and nibbles), every scale and min at 63.
+            G::Q5_K => ([256, 1024, 4352], 4..176),
             // Q6_K: every level at 63 and every scale at -128.
             G::Q6_K => ([256, 1024, 4352], 0..208),
             G::Q4_0 => ([32, 640, 4160], 2..18),

@@ -266,16 +266,19 @@ pub fn split(bin: &Path, src: &Path, dir: &Path, name: &str, max_tensors: usize)
         .unwrap_or_else(|| panic!("llama-gguf-split wrote no {prefix}* in {}", dir.display()))
 }
 
-/// The model `weft synth` writes with `dims` in the four types the comparisons cover,
-/// each with its near-tie tolerance: F32 and F16 written by weft (`dir/NAME-f32.gguf`,
-/// `-f16`), Q8_0 and Q4_K_M quantized from the F32 file by llama-quantize.
-pub fn four_types(
+/// The model `weft synth` writes with `dims` in the types the comparisons cover, each with
+/// its near-tie tolerance: F32 and F16 written by weft (`dir/NAME-f32.gguf`, `-f16`), and
+/// Q8_0, Q4_K_M and Q5_K_M quantized from the F32 file by llama-quantize (Q5_K_M: Q5_K
+/// and Q6_K, the K-quant whose rows carry a fifth bit).
+pub fn quant_types(
     bin: &Path,
     dir: &Path,
     name: &str,
     dims: &[&str],
-) -> [(&'static str, PathBuf, f64); 4] {
+) -> [(&'static str, PathBuf, f64); 5] {
     let f32 = synth(dir, &format!("{name}-f32"), "F32", dims);
+    let quantized =
+        |ty: &str| quantize(bin, &f32, dir, &format!("{name}-{}", ty.to_lowercase()), ty);
     [
         ("F32", f32.clone(), super::SYNTHETIC_TOL),
         (
@@ -283,16 +286,9 @@ pub fn four_types(
             synth(dir, &format!("{name}-f16"), "F16", dims),
             super::SYNTHETIC_TOL,
         ),
-        (
-            "Q8_0",
-            quantize(bin, &f32, dir, &format!("{name}-q8_0"), "Q8_0"),
-            QUANT_TOL,
-        ),
-        (
-            "Q4_K_M",
-            quantize(bin, &f32, dir, &format!("{name}-q4_k_m"), "Q4_K_M"),
-            QUANT_TOL,
-        ),
+        ("Q8_0", quantized("Q8_0"), QUANT_TOL),
+        ("Q4_K_M", quantized("Q4_K_M"), QUANT_TOL),
+        ("Q5_K_M", quantized("Q5_K_M"), QUANT_TOL),
     ]
 }
 

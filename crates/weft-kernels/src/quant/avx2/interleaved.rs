@@ -2,7 +2,8 @@
 //! row per i32 lane, so `vpdpbusd` of a level vector against four activation bytes
 //! broadcast sums 8 rows x 4 values with nothing to fold afterwards.
 //!
-//! - Q4_K, per sub-block (32 values) and token: eight `vpdpbusd` into an exact i32 sum,
+//! - Q4_K and Q5_K (its fifth bits ORed in from a plane per sub-block), per sub-block
+//!   (32 values) and token: eight `vpdpbusd` into an exact i32 sum,
 //!   one `vpmulld` by the eight rows' scales; per super-block and token: the mins through
 //!   the activation's sub-block sums (four `vpdpwssd`), then two float steps for all
 //!   eight rows.
@@ -25,8 +26,9 @@ use super::tile::{
 };
 use crate::quant::blocks::Q8_0_BYTES;
 use crate::quant::pack::{
-    legacy_offset, q6k_high, q6k_low, Windows, GROUP_ROWS, LEGACY_MAX_BLOCKS, OFF_DMIN, OFF_LEVELS,
-    OFF_MINS, OFF_SCALES, Q4K_GROUP_BYTES, Q4K_MAX_BLOCKS, Q6K_GROUP_BYTES, Q6K_OFF_SCALES,
+    legacy_offset, q5k_fifth, q6k_high, q6k_low, Windows, GROUP_ROWS, LEGACY_MAX_BLOCKS, OFF_DMIN,
+    OFF_LEVELS, OFF_MINS, OFF_SCALES, Q4K_GROUP_BYTES, Q4K_MAX_BLOCKS, Q5K_GROUP_BYTES,
+    Q6K_GROUP_BYTES, Q6K_OFF_SCALES,
 };
 use weft_gguf::GgmlType;
 
@@ -152,12 +154,30 @@ unsafe fn bcast4(p: *const u8) -> __m256i {
     unsafe { _mm256_set1_epi32(p.cast::<i32>().read_unaligned()) }
 }
 
-/// Interleaved Q4_K.
-struct Q4K;
+/// Interleaved Q4_K (`FIVE` false) and Q5_K (true): the same steps, scales and mins, and
+/// Q5_K's fifth bits ORed into the nibbles from a plane per sub-block.
+struct KMin<const FIVE: bool>;
+type Q4K = KMin<false>;
+type Q5K = KMin<true>;
 
-impl GroupKernel for Q4K {
+impl<const FIVE: bool> KMin<FIVE> {
+    /// Where sub-block j's 128 level bytes start.
+    const fn levels(j: usize) -> usize {
+        if FIVE {
+            q5k_fifth(j) + 32
+        } else {
+            OFF_LEVELS + 128 * j
+        }
+    }
+}
+
+impl<const FIVE: bool> GroupKernel for KMin<FIVE> {
     const BLOCK_VALUES: usize = 256;
-    const GB: usize = Q4K_GROUP_BYTES;
+    const GB: usize = if FIVE {
+        Q5K_GROUP_BYTES
+    } else {
+        Q4K_GROUP_BYTES
+    };
     const AB: usize = Q8_K_AB;
     const TERMS: usize = 4;
     const MAX_BLOCKS: usize = Q4K_MAX_BLOCKS;
@@ -192,26 +212,46 @@ impl GroupKernel for Q4K {
         // SAFETY (every read): inside the group block, block b of an activation or its
         // terms.
         unsafe {
-            let in_place = N == 1 && F != PLAIN;
+            // Q5_K's fifth bits land above a high nibble kept in place: it shifts.
+            let in_place = N == 1 && F != PLAIN && !FIVE;
+            let bit4 = _mm256_set1_epi8(0x10);
             let mut isum = [_mm256_setzero_si256(); N];
             for j in 0..8 {
                 let sc = _mm256_cvtepu8_epi32(_mm_loadl_epi64(gp.add(OFF_SCALES + 8 * j).cast()));
+                let plane = if FIVE {
+                    load256(gp.add(q5k_fifth(j)))
+                } else {
+                    _mm256_setzero_si256()
+                };
                 // Two chains per token (low and high nibbles), so more sums are in
                 // flight than a `vpdpbusd`'s latency needs.
                 let mut dot_lo = [_mm256_setzero_si256(); N];
                 let mut dot_hi = [_mm256_setzero_si256(); N];
                 for h in 0..4 {
-                    let x = load256(gp.add(OFF_LEVELS + 128 * j + 32 * h));
-                    let lo = _mm256_and_si256(x, nibble);
+                    let x = load256(gp.add(Self::levels(j) + 32 * h));
+                    let mut lo = _mm256_and_si256(x, nibble);
                     // A lone token (decode, bound by the vector ALUs once its bytes are
                     // in cache) takes the high nibbles in place, 16 times their value, and
                     // shifts the exact sum back once: one operation for four shifts. Only
                     // where `vpdpbusd` runs: the AVX2 pair's i16 sums would saturate.
-                    let hi = if in_place {
+                    let mut hi = if in_place {
                         _mm256_andnot_si256(nibble, x)
                     } else {
                         _mm256_and_si256(_mm256_srli_epi16::<4>(x), nibble)
                     };
+                    if FIVE {
+                        // Bits h and 4 + h of the plane moved to bit 4 (16-bit shifts:
+                        // what crosses into the next byte lands below bit 4 or above
+                        // it, and the mask drops it).
+                        let (to_lo, to_hi) = match h {
+                            0 => (_mm256_slli_epi16::<4>(plane), plane),
+                            1 => (_mm256_slli_epi16::<3>(plane), _mm256_srli_epi16::<1>(plane)),
+                            2 => (_mm256_slli_epi16::<2>(plane), _mm256_srli_epi16::<2>(plane)),
+                            _ => (_mm256_slli_epi16::<1>(plane), _mm256_srli_epi16::<3>(plane)),
+                        };
+                        lo = _mm256_or_si256(lo, _mm256_and_si256(to_lo, bit4));
+                        hi = _mm256_or_si256(hi, _mm256_and_si256(to_hi, bit4));
+                    }
                     for t in 0..N {
                         let a = acts[t].add(b * Q8_K_AB + Q8_K_QS + 32 * j + 4 * h);
                         dot_lo[t] = dpbusd::<F>(dot_lo[t], lo, bcast4(a));
@@ -637,7 +677,7 @@ unsafe fn drive<K: GroupKernel, const F: u8, const T: usize>(
     }
 }
 
-/// [`drive`] for type `w` (Q4_K, Q6_K, Q4_0, Q5_0 or Q8_0) with `T`-token tiles.
+/// [`drive`] for type `w` (Q4_K, Q5_K, Q6_K, Q4_0, Q5_0 or Q8_0) with `T`-token tiles.
 ///
 /// # Safety
 /// As [`drive`], with `n` values a row.
@@ -660,6 +700,9 @@ unsafe fn matmul_any<const F: u8, const T: usize>(
         match w {
             GgmlType::Q4_K => {
                 drive::<Q4K, F, T>(prefetch, nb, packed, rows, acts, m, out, out_stride)
+            }
+            GgmlType::Q5_K => {
+                drive::<Q5K, F, T>(prefetch, nb, packed, rows, acts, m, out, out_stride)
             }
             GgmlType::Q6_K => {
                 drive::<Q6K, F, T>(prefetch, nb, packed, rows, acts, m, out, out_stride)
