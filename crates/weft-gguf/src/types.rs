@@ -10,7 +10,9 @@ pub enum GgmlType {
     F32,
     F16,
     Q4_0,
+    Q4_1,
     Q5_0,
+    Q5_1,
     Q8_0,
     Q4_K,
     Q5_K,
@@ -20,11 +22,13 @@ pub enum GgmlType {
 }
 
 impl GgmlType {
-    pub const ALL: [GgmlType; 10] = [
+    pub const ALL: [GgmlType; 12] = [
         GgmlType::F32,
         GgmlType::F16,
         GgmlType::Q4_0,
+        GgmlType::Q4_1,
         GgmlType::Q5_0,
+        GgmlType::Q5_1,
         GgmlType::Q8_0,
         GgmlType::Q4_K,
         GgmlType::Q5_K,
@@ -34,12 +38,14 @@ impl GgmlType {
     ];
 
     /// Types that may appear as model weights (Q8_K is an activation-only format).
-    pub const WEIGHT_TYPES: [GgmlType; 9] = [
+    pub const WEIGHT_TYPES: [GgmlType; 11] = [
         GgmlType::F32,
         GgmlType::F16,
         GgmlType::BF16,
         GgmlType::Q4_0,
+        GgmlType::Q4_1,
         GgmlType::Q5_0,
+        GgmlType::Q5_1,
         GgmlType::Q8_0,
         GgmlType::Q4_K,
         GgmlType::Q5_K,
@@ -52,7 +58,9 @@ impl GgmlType {
             GgmlType::F32 => 0,
             GgmlType::F16 => 1,
             GgmlType::Q4_0 => 2,
+            GgmlType::Q4_1 => 3,
             GgmlType::Q5_0 => 6,
+            GgmlType::Q5_1 => 7,
             GgmlType::Q8_0 => 8,
             GgmlType::Q4_K => 12,
             GgmlType::Q5_K => 13,
@@ -69,7 +77,9 @@ impl GgmlType {
             0 => GgmlType::F32,
             1 => GgmlType::F16,
             2 => GgmlType::Q4_0,
+            3 => GgmlType::Q4_1,
             6 => GgmlType::Q5_0,
+            7 => GgmlType::Q5_1,
             8 => GgmlType::Q8_0,
             12 => GgmlType::Q4_K,
             13 => GgmlType::Q5_K,
@@ -84,7 +94,9 @@ impl GgmlType {
     pub fn block_size(self) -> usize {
         match self {
             GgmlType::F32 | GgmlType::F16 | GgmlType::BF16 => 1,
-            GgmlType::Q4_0 | GgmlType::Q5_0 | GgmlType::Q8_0 => 32,
+            GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q5_0 | GgmlType::Q5_1 | GgmlType::Q8_0 => {
+                32
+            }
             GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q6_K | GgmlType::Q8_K => 256,
         }
     }
@@ -95,7 +107,9 @@ impl GgmlType {
             GgmlType::F32 => 4,
             GgmlType::F16 | GgmlType::BF16 => 2,
             GgmlType::Q4_0 => 18,
+            GgmlType::Q4_1 => 20,
             GgmlType::Q5_0 => 22,
+            GgmlType::Q5_1 => 24,
             GgmlType::Q8_0 => 34,
             GgmlType::Q4_K => 144,
             GgmlType::Q5_K => 176,
@@ -118,7 +132,9 @@ impl GgmlType {
             GgmlType::F32 => "F32",
             GgmlType::F16 => "F16",
             GgmlType::Q4_0 => "Q4_0",
+            GgmlType::Q4_1 => "Q4_1",
             GgmlType::Q5_0 => "Q5_0",
+            GgmlType::Q5_1 => "Q5_1",
             GgmlType::Q8_0 => "Q8_0",
             GgmlType::Q4_K => "Q4_K",
             GgmlType::Q5_K => "Q5_K",
@@ -137,8 +153,6 @@ impl fmt::Display for GgmlType {
 
 fn unsupported_type_name(id: u32) -> Option<&'static str> {
     Some(match id {
-        3 => "Q4_1",
-        7 => "Q5_1",
         9 => "Q8_1",
         10 => "Q2_K",
         11 => "Q3_K",

@@ -45,7 +45,7 @@ impl TypeRate {
 }
 
 /// The types measured: every type weft computes with.
-pub const MEASURED: [GgmlType; 9] = GgmlType::WEIGHT_TYPES;
+pub const MEASURED: [GgmlType; 11] = GgmlType::WEIGHT_TYPES;
 
 /// Measures every type on `pool` on the paths in force: decode over `decode_bytes` of
 /// weights (pick several times the last-level cache), matrix by matrix as a forward pass

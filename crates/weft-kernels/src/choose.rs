@@ -23,7 +23,7 @@ use crate::quant::{self};
 use crate::{roofline, ThreadPool};
 
 /// Bumped whenever a kernel changes, so timings cached under an older one are retaken.
-pub const REVISION: u32 = 14;
+pub const REVISION: u32 = 15;
 
 /// The environment switches that change which candidates a CPU offers: a report timed
 /// under one setting must not be put in force under another (the cache keys by them).
@@ -74,7 +74,9 @@ pub struct Choice {
     /// Tokens per call in the timing.
     pub tokens: usize,
     pub timed: Vec<Timed>,
-    pub chosen: Path,
+    /// The path kept on ggml's rows (None: the type has none but the scalar one, and is
+    /// timed for its interleaved layout only).
+    pub chosen: Option<Path>,
     /// The interleaved layout's timings, where the type is interleaved on this CPU: its
     /// `path` is the VNNI form it runs, with software prefetch or without (both are timed
     /// where few tokens share a group). Then the layout, not `chosen`, serves dense
@@ -360,7 +362,6 @@ pub fn time_candidates(
 ) -> Option<Choice> {
     let paths = select::candidates(ty, shape);
     let paths = paths.as_slice();
-    let first = *paths.first()?;
     let m = tokens_of(shape);
     let mut variants: Vec<Variant> = paths.iter().map(|&p| Variant::Rows(Some(p))).collect();
     let packed_path = quant::packed_path().filter(|_| quant::packs(ty, width_of(ty, shape)));
@@ -397,7 +398,7 @@ pub fn time_candidates(
         ty: ty.name().to_string(),
         shape,
         tokens: m,
-        chosen: fastest_or_guess(&timed).unwrap_or(first),
+        chosen: fastest_or_guess(&timed),
         timed,
         interleaved_chosen: fastest_or_guess(&interleaved),
         interleaved,
@@ -465,7 +466,10 @@ pub fn apply(report: &Report) -> usize {
             if let Some(p) = c.interleaved_chosen {
                 select::choose_packed_prefetch(t, c.shape, p.prefetch);
             }
-            select::choose(t, c.shape, c.chosen)
+            match c.chosen {
+                Some(p) => select::choose(t, c.shape, p),
+                None => c.interleaved_chosen.is_some(),
+            }
         })
         .count()
 }
@@ -487,10 +491,15 @@ mod tests {
                     .iter()
                     .find(|c| c.ty == ty.name() && c.shape == shape);
                 match c {
-                    None => assert!(cands.as_slice().is_empty(), "{ty} {shape:?}"),
+                    None => assert!(
+                        cands.as_slice().is_empty() && !quant::packs(ty, width_of(ty, shape)),
+                        "{ty} {shape:?}"
+                    ),
                     Some(c) => {
                         assert_eq!(c.timed.len(), cands.as_slice().len());
-                        assert!(cands.as_slice().contains(&c.chosen));
+                        // Types with no row path are there for their interleaved layout.
+                        assert_eq!(c.chosen.is_none(), cands.as_slice().is_empty());
+                        assert!(c.chosen.is_none_or(|p| cands.as_slice().contains(&p)));
                         let best = c.timed.iter().map(|t| t.bytes_per_s).fold(0.0, f64::max);
                         let rate = |p: Path| {
                             c.timed
@@ -498,13 +507,15 @@ mod tests {
                                 .find(|t| t.path == p)
                                 .map_or(0.0, |t| t.bytes_per_s)
                         };
-                        let guess = c.timed[0].path;
                         // The fastest, or the guess when nothing beats it by NOISE.
-                        assert!(
-                            rate(c.chosen) == best
-                                || (c.chosen == guess && best <= rate(guess) * (1.0 + NOISE)),
-                            "{c:?}"
-                        );
+                        if let (Some(chosen), Some(guess)) = (c.chosen, c.timed.first()) {
+                            let guess = guess.path;
+                            assert!(
+                                rate(chosen) == best
+                                    || (chosen == guess && best <= rate(guess) * (1.0 + NOISE)),
+                                "{c:?}"
+                            );
+                        }
                         assert!(c.timed.iter().all(|t| t.ops_per_s > 0.0));
                         // The interleaved layout is timed exactly where it is used.
                         let n = width_of(ty, shape);
@@ -523,7 +534,7 @@ mod tests {
                             assert!(c.interleaved.iter().any(|t| t.path == p));
                             assert_eq!(select::packed_prefetch(ty, shape), p.prefetch);
                         }
-                        assert_eq!(select::chosen(ty, shape), Some(c.chosen));
+                        assert_eq!(select::chosen(ty, shape), c.chosen);
                     }
                 }
             }

@@ -56,7 +56,7 @@ pub fn run(json_out: bool) -> Result<()> {
         let rows = c
             .timed
             .iter()
-            .map(|t| (t, t.path.name(), mark(t.path == c.chosen, "*")));
+            .map(|t| (t, t.path.name(), mark(Some(t.path) == c.chosen, "*")));
         let packed = c.interleaved.iter().map(|t| {
             let name = format!("interleaved {}", t.path.name());
             (

@@ -17,7 +17,8 @@ pub struct SynthArgs {
     /// Architecture (gemma3, llama, mistral, qwen2, qwen3, qwen3moe, deepseek2).
     #[arg(long, default_value = "qwen3moe")]
     pub arch: String,
-    /// Weight type of every matrix (F32, F16, BF16, Q4_0, Q5_0, Q8_0, Q4_K, Q5_K, Q6_K).
+    /// Weight type of every matrix (F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K,
+    /// Q6_K).
     #[arg(long = "type", default_value = "F16")]
     pub weight_type: String,
     #[arg(long, default_value_t = 256)]

@@ -3,14 +3,16 @@
 
 use half::{bf16, f16};
 
-/// Values per block of the 32-wide formats (Q4_0, Q5_0, Q8_0).
+/// Values per block of the 32-wide formats (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0).
 pub const QK: usize = 32;
 /// Values per super-block of the K formats (Q4_K, Q5_K, Q6_K, Q8_K).
 pub const QK_K: usize = 256;
 
 // Block layouts (all little-endian, blocks packed without padding):
 //   Q4_0  18 B: f16 d; u8 qs[16]
+//   Q4_1  20 B: f16 d; f16 m; u8 qs[16]
 //   Q5_0  22 B: f16 d; u8 qh[4]; u8 qs[16]
+//   Q5_1  24 B: f16 d; f16 m; u8 qh[4]; u8 qs[16]
 //   Q8_0  34 B: f16 d; i8 qs[32]
 //   Q4_K 144 B: f16 d; f16 dmin; u8 scales[12]; u8 qs[128]
 //   Q5_K 176 B: f16 d; f16 dmin; u8 scales[12]; u8 qh[32]; u8 qs[128]

@@ -92,7 +92,9 @@ pub fn dot_peak_run(iters: usize) {
 pub fn vec_dot_type(w: GgmlType) -> GgmlType {
     match w {
         GgmlType::F32 | GgmlType::F16 | GgmlType::BF16 => GgmlType::F32,
-        GgmlType::Q4_0 | GgmlType::Q5_0 | GgmlType::Q8_0 => GgmlType::Q8_0,
+        GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q5_0 | GgmlType::Q5_1 | GgmlType::Q8_0 => {
+            GgmlType::Q8_0
+        }
         GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q6_K | GgmlType::Q8_K => GgmlType::Q8_K,
     }
 }
@@ -340,8 +342,9 @@ pub fn packed_path() -> Option<Path> {
 }
 
 /// Whether weights of type `w` in rows of `n` values are best kept interleaved
-/// ([`pack`]) on this CPU: Q4_K, Q5_K, Q6_K, Q4_0, Q5_0 and Q8_0 where a VNNI form runs. A loader
-/// that packs calls [`pack_rows`] once and then [`matvec_packed`] / [`matmul_packed`].
+/// ([`pack`]) on this CPU: Q4_K, Q5_K, Q6_K, Q4_0, Q4_1, Q5_0, Q5_1 and Q8_0 where a VNNI
+/// form runs. A loader that packs calls [`pack_rows`] once and then [`matvec_packed`] /
+/// [`matmul_packed`].
 pub fn packs(w: GgmlType, n: usize) -> bool {
     pack::packable(w, n) && packed_path().is_some()
 }

@@ -1,5 +1,5 @@
-//! The interleaved weight layouts: Q4_K, Q5_K, Q6_K, Q4_0, Q5_0 and Q8_0 rows repacked at load,
-//! eight to a group, so the VNNI kernels hold one row per i32 lane.
+//! The interleaved weight layouts: Q4_K, Q5_K, Q6_K, Q4_0, Q4_1, Q5_0, Q5_1 and Q8_0 rows
+//! repacked at load, eight to a group, so the VNNI kernels hold one row per i32 lane.
 //!
 //! In ggml's layout a row's 256-value super-block is one block; a SIMD dot product runs
 //! along it and must fold its lanes at the end, and every token re-reads the row's
@@ -37,13 +37,14 @@
 //! the same for v = 4..8.
 //!
 //! The 32-value formats keep their size too: one 32-value block of a group is the eight
-//! rows' f16 `d` (16 bytes) and then their levels as unsigned bytes, value `4v + i` of row
-//! r at byte `32v + 4r + i` of a level vector v (0..8):
+//! rows' f16 `d` (16 bytes), for Q4_1/Q5_1 their f16 minimums (16 bytes), and then their
+//! levels as unsigned bytes, value `4v + i` of row r at byte `32v + 4r + i` of a level
+//! vector v (0..8):
 //! - Q8_0: the eight level vectors as bytes, each level plus 128 (272 bytes);
-//! - Q4_0: four 32-byte nibble loads, load h holding vector h in its low nibbles and
-//!   vector h + 4 in its high ones (144 bytes);
-//! - Q5_0: a 32-byte plane of fifth bits (bit v of byte `4r + i` is that of vector v),
-//!   then the nibbles as Q4_0 (176 bytes).
+//! - Q4_0 and Q4_1: four 32-byte nibble loads, load h holding vector h in its low nibbles
+//!   and vector h + 4 in its high ones (144 and 160 bytes);
+//! - Q5_0 and Q5_1: a 32-byte plane of fifth bits (bit v of byte `4r + i` is that of
+//!   vector v), then the nibbles as Q4_0 (176 and 192 bytes).
 //!
 //! Rows past the end of the matrix (the last group's padding) are all zero, so they sum
 //! to zero and are never written out.
@@ -191,12 +192,53 @@ fn q4k_packable(n: usize) -> bool {
 /// values): the kernel keeps a token chunk's per-block terms on its stack.
 pub const LEGACY_MAX_BLOCKS: usize = 4096;
 
-/// What the stored unsigned levels of a 32-value format exceed the true ones by.
+/// What the stored unsigned levels of a 32-value format exceed the true ones by (Q4_1
+/// and Q5_1 store theirs as they are and add a minimum instead).
 pub fn legacy_offset(w: GgmlType) -> i32 {
     match w {
         GgmlType::Q4_0 => 8,
         GgmlType::Q5_0 => 16,
+        GgmlType::Q4_1 | GgmlType::Q5_1 => 0,
         _ => 128,
+    }
+}
+
+/// Where a 32-value format's parts lie in one block of a group: after the eight rows'
+/// `d` (16 bytes), their minimums (Q4_1/Q5_1, f16), a plane of fifth bits (Q5_0/Q5_1),
+/// then the levels.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct LegacyLayout {
+    pub min: Option<usize>,
+    pub fifth: Option<usize>,
+    pub levels: usize,
+}
+
+pub(super) const fn legacy_layout(w: GgmlType) -> LegacyLayout {
+    let (min, fifth) = match w {
+        GgmlType::Q4_1 => (true, false),
+        GgmlType::Q5_0 => (false, true),
+        GgmlType::Q5_1 => (true, true),
+        _ => (false, false),
+    };
+    let fifth_at = if min { 32 } else { 16 };
+    LegacyLayout {
+        min: if min { Some(16) } else { None },
+        fifth: if fifth { Some(fifth_at) } else { None },
+        levels: fifth_at + if fifth { 32 } else { 0 },
+    }
+}
+
+/// Where ggml keeps a 32-value block's fifth bits (Q5_0/Q5_1) and nibbles: after `d`
+/// (2 bytes) and the minimum (2, Q4_1/Q5_1).
+fn ggml_legacy(w: GgmlType) -> (Option<usize>, usize) {
+    let base = if matches!(w, GgmlType::Q4_1 | GgmlType::Q5_1) {
+        4
+    } else {
+        2
+    };
+    match w {
+        GgmlType::Q5_0 | GgmlType::Q5_1 => (Some(base), base + 4),
+        _ => (None, base),
     }
 }
 
@@ -204,7 +246,7 @@ pub fn legacy_offset(w: GgmlType) -> i32 {
 pub fn packable(w: GgmlType, n: usize) -> bool {
     match w {
         GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q6_K => q4k_packable(n),
-        GgmlType::Q4_0 | GgmlType::Q5_0 | GgmlType::Q8_0 => {
+        GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q5_0 | GgmlType::Q5_1 | GgmlType::Q8_0 => {
             n.is_multiple_of(32) && n > 0 && n / 32 <= LEGACY_MAX_BLOCKS
         }
         _ => false,
@@ -281,32 +323,35 @@ pub fn pack_into(w: GgmlType, n: usize, rows: &[u8], n_rows: usize, out: &mut [u
     });
 }
 
-/// Puts a 32-value block (Q4_0/Q5_0/Q8_0) as row r of its group block `o`.
+/// Puts a 32-value block (Q4_0/Q4_1/Q5_0/Q5_1/Q8_0) as row r of its group block `o`.
 fn place_legacy(w: GgmlType, o: &mut [u8], r: usize, block: &[u8]) {
-    // Where a format's nibbles start (after d, and Q5_0's plane of fifth bits).
-    let nibbles = if w == GgmlType::Q5_0 { 48 } else { 16 };
+    let at = legacy_layout(w);
     o[2 * r..2 * r + 2].copy_from_slice(&block[0..2]);
+    if let Some(m) = at.min {
+        o[m + 2 * r..m + 2 * r + 2].copy_from_slice(&block[2..4]);
+    }
     // The offset makes every stored level ggml's own unsigned one, so each 4-byte run
     // is a copy of ggml's bytes (Q8_0's with the sign bit flipped): packing at load
     // runs at copy speed, not value by value.
     if w == GgmlType::Q8_0 {
         for v in 0..8 {
             let src: [u8; 4] = std::array::from_fn(|i| block[2 + 4 * v + i] ^ 0x80);
-            o[16 + 32 * v + 4 * r..][..4].copy_from_slice(&src);
+            o[at.levels + 32 * v + 4 * r..][..4].copy_from_slice(&src);
         }
         return;
     }
-    // Q4_0/Q5_0: byte j of qs holds value j in its low nibble and j + 16 in its high
-    // one, which is the nibble pair load h wants for j = 4h + i.
-    let qs = &block[if w == GgmlType::Q5_0 { 6 } else { 2 }..][..16];
+    // The nibble formats: byte j of qs holds value j in its low nibble and j + 16 in its
+    // high one, which is the nibble pair load h wants for j = 4h + i.
+    let (qh_at, qs_at) = ggml_legacy(w);
+    let qs = &block[qs_at..][..16];
     for h in 0..4 {
-        o[nibbles + 32 * h + 4 * r..][..4].copy_from_slice(&qs[4 * h..4 * h + 4]);
+        o[at.levels + 32 * h + 4 * r..][..4].copy_from_slice(&qs[4 * h..4 * h + 4]);
     }
-    if w == GgmlType::Q5_0 {
+    if let (Some(f), Some(qh_at)) = (at.fifth, qh_at) {
         // Fifth bits: bit v of byte i is value 4v + i's, bit 4v + i of qh.
-        let qh = u32::from_le_bytes([block[2], block[3], block[4], block[5]]);
+        let qh = u32::from_le_bytes(std::array::from_fn(|k| block[qh_at + k]));
         for i in 0..4 {
-            o[16 + 4 * r + i] =
+            o[f + 4 * r + i] =
                 (0..8).fold(0u8, |acc, v| acc | ((((qh >> (4 * v + i)) & 1) as u8) << v));
         }
     }
@@ -376,31 +421,27 @@ pub fn unpack_row(w: GgmlType, n: usize, packed: &[u8], row: usize) -> Vec<u8> {
     let nb = n / 32;
     let (g, r) = (row / GROUP_ROWS, row % GROUP_ROWS);
     let windows = windows_of_packed(w, n, packed);
-    let nibbles = if w == GgmlType::Q5_0 { 48 } else { 16 };
+    let at = legacy_layout(w);
+    let (qh_at, qs_at) = ggml_legacy(w);
     let mut out = vec![0u8; nb * wb];
     for (b, block) in out.chunks_exact_mut(wb).enumerate() {
         let o = &packed[windows.index(g, b) * gb..][..gb];
         block[0..2].copy_from_slice(&o[2 * r..2 * r + 2]);
+        if let Some(m) = at.min {
+            block[2..4].copy_from_slice(&o[m + 2 * r..m + 2 * r + 2]);
+        }
         for k in 0..32 {
             let (v, i) = (k / 4, k % 4);
-            let q = match w {
-                GgmlType::Q8_0 => o[16 + 32 * v + 4 * r + i],
-                _ => {
-                    let byte = o[nibbles + 32 * (v % 4) + 4 * r + i];
-                    let nib = if v < 4 { byte & 0x0F } else { byte >> 4 };
-                    nib | (((o[16 + 4 * r + i] >> v) & 1) << 4)
-                }
-            };
-            match w {
-                GgmlType::Q8_0 => block[2 + k] = (q as i32 - 128) as i8 as u8,
-                GgmlType::Q4_0 => {
-                    block[2 + k % 16] |= if k < 16 { q & 0x0F } else { q << 4 };
-                }
-                _ => {
-                    block[6 + k % 16] |= if k < 16 { q & 0x0F } else { (q & 0x0F) << 4 };
-                    if q & 0x10 != 0 {
-                        block[2 + k / 8] |= 1 << (k % 8);
-                    }
+            if w == GgmlType::Q8_0 {
+                block[2 + k] = o[at.levels + 32 * v + 4 * r + i] ^ 0x80;
+                continue;
+            }
+            let byte = o[at.levels + 32 * (v % 4) + 4 * r + i];
+            let nib = if v < 4 { byte & 0x0F } else { byte >> 4 };
+            block[qs_at + k % 16] |= if k < 16 { nib } else { nib << 4 };
+            if let (Some(f), Some(qh_at)) = (at.fifth, qh_at) {
+                if (o[f + 4 * r + i] >> v) & 1 != 0 {
+                    block[qh_at + k / 8] |= 1 << (k % 8);
                 }
             }
         }

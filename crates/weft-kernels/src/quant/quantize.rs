@@ -38,6 +38,8 @@ pub fn quantize_into(ty: GgmlType, src: &[f32], dst: &mut [u8]) {
         }
         GgmlType::Q4_0 => blocks.for_each(|(x, y)| q4_0(x, y)),
         GgmlType::Q5_0 => blocks.for_each(|(x, y)| q5_0(x, y)),
+        GgmlType::Q4_1 => blocks.for_each(|(x, y)| q_min::<4>(x, y)),
+        GgmlType::Q5_1 => blocks.for_each(|(x, y)| q_min::<5>(x, y)),
         GgmlType::Q8_0 => blocks.for_each(|(x, y)| q8_0(x, y)),
         GgmlType::Q4_K => blocks.for_each(|(x, y)| q4_k(x, y)),
         GgmlType::Q5_K => blocks.for_each(|(x, y)| q5_k(x, y)),
@@ -86,6 +88,36 @@ fn q5_0(x: &[f32], y: &mut [u8]) {
         qh |= (((x1 & 0x10) >> 4) as u32) << (j + QK / 2);
     }
     y[2..6].copy_from_slice(&qh.to_le_bytes());
+}
+
+/// Q4_1 (`BITS` 4) and Q5_1 (5): d and the block's minimum, levels rounded from it.
+fn q_min<const BITS: u32>(x: &[f32], y: &mut [u8]) {
+    let min = x.iter().fold(f32::MAX, |m, &v| if v < m { v } else { m });
+    let max = x.iter().fold(-f32::MAX, |m, &v| if v > m { v } else { m });
+    let d = (max - min) / ((1 << BITS) - 1) as f32;
+    let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+    write_f16(y, 0, d);
+    write_f16(y, 2, min);
+    let qs = if BITS == 5 { 8 } else { 4 };
+    let mut qh = 0u32;
+    for j in 0..QK / 2 {
+        let (x0, x1) = ((x[j] - min) * id, (x[j + QK / 2] - min) * id);
+        // Q4_1 casts through int8_t and caps at 15; Q5_1 casts to uint8_t.
+        let (q0, q1) = if BITS == 4 {
+            (
+                ((x0 + 0.5) as i8 as u8).min(15),
+                ((x1 + 0.5) as i8 as u8).min(15),
+            )
+        } else {
+            ((x0 + 0.5) as u8, (x1 + 0.5) as u8)
+        };
+        y[qs + j] = (q0 & 0xF) | ((q1 & 0xF) << 4);
+        qh |= (((q0 & 0x10) >> 4) as u32) << j;
+        qh |= (((q1 & 0x10) >> 4) as u32) << (j + QK / 2);
+    }
+    if BITS == 5 {
+        y[4..8].copy_from_slice(&qh.to_le_bytes());
+    }
 }
 
 pub fn q8_0(x: &[f32], y: &mut [u8]) {

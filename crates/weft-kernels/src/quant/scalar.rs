@@ -16,6 +16,7 @@ pub fn dequantize_row(ty: GgmlType, src: &[u8], dst: &mut [f32]) {
         GgmlType::BF16 => blocks.for_each(|(x, y)| y[0] = read_bf16(x, 0)),
         GgmlType::Q4_0 => blocks.for_each(|(x, y)| deq_q4_0(x, y)),
         GgmlType::Q5_0 => blocks.for_each(|(x, y)| deq_q5_0(x, y)),
+        GgmlType::Q4_1 | GgmlType::Q5_1 => blocks.for_each(|(x, y)| deq_min(ty, x, y)),
         GgmlType::Q8_0 => blocks.for_each(|(x, y)| deq_q8_0(x, y)),
         GgmlType::Q4_K => blocks.for_each(|(x, y)| deq_q4_k(x, y)),
         GgmlType::Q5_K => blocks.for_each(|(x, y)| deq_q5_k(x, y)),
@@ -87,6 +88,31 @@ fn deq_q5_0(x: &[u8], y: &mut [f32]) {
     }
 }
 
+/// The 32 unsigned levels of a Q4_1 (d, m, nibbles) or Q5_1 (d, m, qh, nibbles) block.
+#[inline]
+pub(super) fn levels_min(ty: GgmlType, x: &[u8]) -> [u8; 32] {
+    let five = ty == GgmlType::Q5_1;
+    let qh = if five {
+        u32::from_le_bytes([x[4], x[5], x[6], x[7]])
+    } else {
+        0
+    };
+    let qs = if five { 8 } else { 4 };
+    std::array::from_fn(|j| {
+        let b = x[qs + (j & 15)];
+        let nib = if j < 16 { b & 0xF } else { b >> 4 };
+        nib | ((((qh >> j) & 1) as u8) << 4)
+    })
+}
+
+/// Q4_1/Q5_1: d * level + m.
+fn deq_min(ty: GgmlType, x: &[u8], y: &mut [f32]) {
+    let (d, m) = (read_f16(x, 0), read_f16(x, 2));
+    for (o, q) in y.iter_mut().zip(levels_min(ty, x)) {
+        *o = q as f32 * d + m;
+    }
+}
+
 fn deq_q8_0(x: &[u8], y: &mut [f32]) {
     let d = read_f16(x, 0);
     for (o, &q) in y.iter_mut().zip(&x[2..34]) {
@@ -153,6 +179,21 @@ pub fn vec_dot(ty: GgmlType, n: usize, row: &[u8], act: &[u8]) -> f32 {
                 };
                 let isum: i32 = (0..32).map(|j| q[j] as i32 * a[2 + j] as i8 as i32).sum();
                 sum += read_f16(w, 0) * read_f16(a, 0) * isum as f32;
+            }
+            sum
+        }
+        GgmlType::Q4_1 | GgmlType::Q5_1 => {
+            // ggml's order: d_w * d_a * sum(q * a) + m * s_a, s_a = d_a * sum(a) (ggml
+            // keeps s_a in its Q8_1 activation, rounded to f16; weft sums the Q8_0
+            // quants, the same ones, and keeps s_a in f32).
+            let mut sum = 0.0f32;
+            for b in 0..nb {
+                let (w, a) = (wblk(b), &act[b * Q8_0_BYTES..(b + 1) * Q8_0_BYTES]);
+                let q = levels_min(ty, w);
+                let isum: i32 = (0..32).map(|j| q[j] as i32 * a[2 + j] as i8 as i32).sum();
+                let asum: i32 = (0..32).map(|j| a[2 + j] as i8 as i32).sum();
+                let da = read_f16(a, 0);
+                sum += read_f16(w, 0) * da * isum as f32 + read_f16(w, 2) * (da * asum as f32);
             }
             sum
         }

@@ -193,6 +193,13 @@ fn features() -> Features {
     })
 }
 
+/// Weight types with SIMD kernels on ggml's rows. Not Q8_K, an activation format, nor
+/// Q4_1 and Q5_1, the fallbacks of Q4_K and Q5_K files for rows K-quants cannot hold:
+/// they run interleaved where a VNNI form runs, and scalar elsewhere.
+pub fn has_row_kernels(ty: GgmlType) -> bool {
+    !matches!(ty, GgmlType::Q8_K | GgmlType::Q4_1 | GgmlType::Q5_1)
+}
+
 fn is_k(ty: GgmlType) -> bool {
     matches!(ty, GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q6_K)
 }
@@ -260,7 +267,7 @@ pub fn candidates(ty: GgmlType, shape: Shape) -> Paths {
         }; 8],
         len: 0,
     };
-    if !simd() || ty == GgmlType::Q8_K {
+    if !simd() || !has_row_kernels(ty) {
         return out;
     }
     let mut fused = Paths { len: 0, ..out };
@@ -437,7 +444,7 @@ mod tests {
                 let c = candidates(ty, shape);
                 let c = c.as_slice();
                 if simd() {
-                    assert!(!c.is_empty(), "{ty} {shape:?}");
+                    assert_eq!(!c.is_empty(), has_row_kernels(ty), "{ty} {shape:?}");
                 }
                 assert_eq!(chosen(ty, shape).is_some(), !c.is_empty());
             }

@@ -44,7 +44,7 @@ impl Rng {
     }
 }
 
-const ALL_WEIGHTS: [G; 9] = G::WEIGHT_TYPES;
+const ALL_WEIGHTS: [G; 11] = G::WEIGHT_TYPES;
 
 /// Row lengths to test for a type: block multiples, including 640 for 32-value blocks
 /// and odd lengths for the float types (tails).
@@ -72,12 +72,16 @@ fn rms_bound(ty: G) -> f64 {
         G::F32 => 0.0,
         G::F16 => 4e-4,
         G::BF16 => 4e-3,
-        G::Q8_0 | G::Q8_K => 0.015,
+        G::Q8_0 => 0.015,
+        // One scale per 256 values: an outlier coarsens eight times as many.
+        G::Q8_K => 0.025,
         G::Q6_K => 0.035,
         G::Q5_K => 0.06,
         G::Q5_0 => 0.09,
+        G::Q5_1 => 0.09,
         G::Q4_K => 0.12,
         G::Q4_0 => 0.17,
+        G::Q4_1 => 0.17,
     }
 }
 
@@ -157,6 +161,28 @@ fn q5_0_known_block() {
     assert_eq!(y[1], (1.0 - 16.0) * 0.5);
     assert_eq!(y[16], (0.0 - 16.0) * 0.5);
     assert_eq!(y[31], (15.0 + 16.0 - 16.0) * 0.5);
+}
+
+#[test]
+fn q4_1_and_q5_1_known_blocks() {
+    // d = 0.5 (0x3800), m = -2 (0xC000); nibble j at value j and 15 - j at value 16 + j.
+    let mut q4 = vec![0x00, 0x38, 0x00, 0xC0];
+    q4.extend((0..16u8).map(|j| j | ((15 - j) << 4)));
+    let y = dequant(G::Q4_1, &q4, 32);
+    for j in 0..16 {
+        assert_eq!(y[j], j as f32 * 0.5 - 2.0);
+        assert_eq!(y[16 + j], (15 - j) as f32 * 0.5 - 2.0);
+    }
+    // Q5_1: qh bits 0 and 31 set give values 0 and 31 their fifth bit.
+    let mut q5 = vec![0x00, 0x38, 0x00, 0xC0, 0x01, 0x00, 0x00, 0x80];
+    q5.extend((0..16u8).map(|j| j | (j << 4)));
+    let y = dequant(G::Q5_1, &q5, 32);
+    assert_eq!(y[0], 16.0 * 0.5 - 2.0);
+    assert_eq!(y[1], 0.5 - 2.0);
+    assert_eq!(y[16], -2.0);
+    assert_eq!(y[31], 31.0 * 0.5 - 2.0);
+    // Quantizing back what a block holds gives the same block.
+    assert_eq!(quantize_row(G::Q5_1, &y), q5);
 }
 
 #[test]
@@ -748,7 +774,16 @@ fn same_bits_as_alone(w: G, n: usize, weights: &[u8], rows: usize, acts: &[u8], 
 // ---- Interleaved rows (quant::pack) ----
 
 /// The types `quant::pack` interleaves.
-const PACKED: [G; 6] = [G::Q4_K, G::Q5_K, G::Q6_K, G::Q4_0, G::Q5_0, G::Q8_0];
+const PACKED: [G; 8] = [
+    G::Q4_K,
+    G::Q5_K,
+    G::Q6_K,
+    G::Q4_0,
+    G::Q4_1,
+    G::Q5_0,
+    G::Q5_1,
+    G::Q8_0,
+];
 
 #[test]
 fn interleaving_round_trips_every_row() {
@@ -871,6 +906,9 @@ fn interleaved_rows_match_scalar_and_a_token_alone() {
             G::Q6_K => ([256, 1024, 4352], 0..208),
             G::Q4_0 => ([32, 640, 4160], 2..18),
             G::Q5_0 => ([32, 640, 4160], 2..22),
+            // Q4_1/Q5_1: every level at the top (the minimum and d stay as quantized).
+            G::Q4_1 => ([32, 640, 4160], 4..20),
+            G::Q5_1 => ([32, 640, 4160], 4..24),
             _ => ([32, 640, 4160], 2..34),
         };
         for n in sizes {

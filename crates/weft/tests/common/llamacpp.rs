@@ -267,29 +267,30 @@ pub fn split(bin: &Path, src: &Path, dir: &Path, name: &str, max_tensors: usize)
 }
 
 /// The model `weft synth` writes with `dims` in the types the comparisons cover, each with
-/// its near-tie tolerance: F32 and F16 written by weft (`dir/NAME-f32.gguf`, `-f16`), and
-/// Q8_0, Q4_K_M and Q5_K_M quantized from the F32 file by llama-quantize (Q5_K_M: Q5_K
-/// and Q6_K, the K-quant whose rows carry a fifth bit).
+/// its near-tie tolerance: F32 and F16 written by weft (`dir/NAME-f32.gguf`, `-f16`),
+/// Q8_0 and Q4_K_M quantized from the F32 file by llama-quantize, then the llama-quantize
+/// types of `more` the same way.
 pub fn quant_types(
     bin: &Path,
     dir: &Path,
     name: &str,
     dims: &[&str],
-) -> [(&'static str, PathBuf, f64); 5] {
+    more: &[&'static str],
+) -> Vec<(&'static str, PathBuf, f64)> {
     let f32 = synth(dir, &format!("{name}-f32"), "F32", dims);
-    let quantized =
-        |ty: &str| quantize(bin, &f32, dir, &format!("{name}-{}", ty.to_lowercase()), ty);
-    [
+    let quantized = |ty: &'static str| {
+        let file = format!("{name}-{}", ty.to_lowercase());
+        (ty, quantize(bin, &f32, dir, &file, ty), QUANT_TOL)
+    };
+    let f16 = synth(dir, &format!("{name}-f16"), "F16", dims);
+    let mut files = vec![
         ("F32", f32.clone(), super::SYNTHETIC_TOL),
-        (
-            "F16",
-            synth(dir, &format!("{name}-f16"), "F16", dims),
-            super::SYNTHETIC_TOL,
-        ),
-        ("Q8_0", quantized("Q8_0"), QUANT_TOL),
-        ("Q4_K_M", quantized("Q4_K_M"), QUANT_TOL),
-        ("Q5_K_M", quantized("Q5_K_M"), QUANT_TOL),
-    ]
+        ("F16", f16, super::SYNTHETIC_TOL),
+        quantized("Q8_0"),
+        quantized("Q4_K_M"),
+    ];
+    files.extend(more.iter().map(|&ty| quantized(ty)));
+    files
 }
 
 /// The guard that shows a comparison can fail: weft on `other` (a model of seed 43) must

@@ -11,7 +11,8 @@
 //!   16-value sums, and one float step per super-block.
 //! - Q4_0/Q5_0/Q8_0, per block and token: eight `vpdpbusd` of the unsigned levels into a
 //!   sum that starts at -OFFSET * sum(a), so it ends exact and offset-free, then one
-//!   convert and one FMA by d_w * d_a for all eight rows.
+//!   convert and one FMA by d_w * d_a for all eight rows; Q4_1/Q5_1 start at zero and add
+//!   their minimums times d_a * sum(a) in a second FMA.
 //!
 //! The integer sums are exact, so their order is free; the float steps run in one order
 //! for every token count, which makes a batched token equal the same token alone, and a
@@ -26,9 +27,9 @@ use super::tile::{
 };
 use crate::quant::blocks::Q8_0_BYTES;
 use crate::quant::pack::{
-    legacy_offset, q5k_fifth, q6k_high, q6k_low, Windows, GROUP_ROWS, LEGACY_MAX_BLOCKS, OFF_DMIN,
-    OFF_LEVELS, OFF_MINS, OFF_SCALES, Q4K_GROUP_BYTES, Q4K_MAX_BLOCKS, Q5K_GROUP_BYTES,
-    Q6K_GROUP_BYTES, Q6K_OFF_SCALES,
+    legacy_layout, legacy_offset, q5k_fifth, q6k_high, q6k_low, Windows, GROUP_ROWS,
+    LEGACY_MAX_BLOCKS, OFF_DMIN, OFF_LEVELS, OFF_MINS, OFF_SCALES, Q4K_GROUP_BYTES, Q4K_MAX_BLOCKS,
+    Q5K_GROUP_BYTES, Q6K_GROUP_BYTES, Q6K_OFF_SCALES,
 };
 use weft_gguf::GgmlType;
 
@@ -384,14 +385,49 @@ impl GroupKernel for Q6K {
     }
 }
 
-/// How a 32-value format's group block unpacks to its eight level vectors.
+/// A 32-value format's group block (`pack::legacy_layout`) and how it unpacks to its
+/// eight level vectors.
 trait Levels8 {
     const TYPE: GgmlType;
     /// Bytes of one block of the type in ggml's layout.
     const WB: usize;
+
+    /// The eight level vectors of the group block at `gp`: Q8_0's bytes as they lie, the
+    /// nibble formats' loads split (load h gives vectors h and h + 4) with the fifth
+    /// bits ORed in where the format has them.
+    ///
     /// # Safety
     /// `gp` points to a readable group block.
-    unsafe fn levels(gp: *const u8) -> [__m256i; 8];
+    #[inline(always)]
+    unsafe fn levels(gp: *const u8) -> [__m256i; 8] {
+        let at = legacy_layout(Self::TYPE);
+        if Self::TYPE == GgmlType::Q8_0 {
+            // SAFETY: the levels are the block's 256 bytes from `at.levels`.
+            return std::array::from_fn(|v| unsafe { load256(gp.add(at.levels + 32 * v)) });
+        }
+        // SAFETY: 128 bytes of nibbles at `at.levels`, 32 of fifth bits at `at.fifth`.
+        let mut l = unsafe { nibble_vectors(gp.add(at.levels)) };
+        if let Some(f) = at.fifth {
+            let h = unsafe { load256(gp.add(f)) };
+            let bit = _mm256_set1_epi8(0x10);
+            // Bit v of each byte moved to bit 4 (16-bit shifts: what crosses into the
+            // next byte lands below bit 4 or above it, and the mask drops it).
+            let fifth = [
+                _mm256_slli_epi16::<4>(h),
+                _mm256_slli_epi16::<3>(h),
+                _mm256_slli_epi16::<2>(h),
+                _mm256_slli_epi16::<1>(h),
+                h,
+                _mm256_srli_epi16::<1>(h),
+                _mm256_srli_epi16::<2>(h),
+                _mm256_srli_epi16::<3>(h),
+            ];
+            for v in 0..8 {
+                l[v] = _mm256_or_si256(l[v], _mm256_and_si256(fifth[v], bit));
+            }
+        }
+        l
+    }
 }
 
 /// The nibble loads of Q4_0/Q5_0 at `p`: load h gives vectors h (low) and h + 4 (high).
@@ -413,57 +449,37 @@ unsafe fn nibble_vectors(p: *const u8) -> [__m256i; 8] {
 }
 
 struct Q4_0L;
+struct Q4_1L;
 struct Q5_0L;
+struct Q5_1L;
 struct Q8_0L;
 
 impl Levels8 for Q4_0L {
     const TYPE: GgmlType = GgmlType::Q4_0;
     const WB: usize = 18;
-    #[inline(always)]
-    unsafe fn levels(gp: *const u8) -> [__m256i; 8] {
-        // SAFETY: the nibbles are bytes 16..144 of the block.
-        unsafe { nibble_vectors(gp.add(16)) }
-    }
+}
+
+impl Levels8 for Q4_1L {
+    const TYPE: GgmlType = GgmlType::Q4_1;
+    const WB: usize = 20;
 }
 
 impl Levels8 for Q5_0L {
     const TYPE: GgmlType = GgmlType::Q5_0;
     const WB: usize = 22;
-    #[inline(always)]
-    unsafe fn levels(gp: *const u8) -> [__m256i; 8] {
-        // SAFETY: the fifth bits are bytes 16..48 of the block, the nibbles 48..176.
-        let (h, mut l) = unsafe { (load256(gp.add(16)), nibble_vectors(gp.add(48))) };
-        let bit = _mm256_set1_epi8(0x10);
-        // Bit v of each byte moved to bit 4 (16-bit shifts: what crosses into the next
-        // byte lands below bit 4 or above it, and the mask drops it).
-        let fifth = [
-            _mm256_slli_epi16::<4>(h),
-            _mm256_slli_epi16::<3>(h),
-            _mm256_slli_epi16::<2>(h),
-            _mm256_slli_epi16::<1>(h),
-            h,
-            _mm256_srli_epi16::<1>(h),
-            _mm256_srli_epi16::<2>(h),
-            _mm256_srli_epi16::<3>(h),
-        ];
-        for v in 0..8 {
-            l[v] = _mm256_or_si256(l[v], _mm256_and_si256(fifth[v], bit));
-        }
-        l
-    }
+}
+
+impl Levels8 for Q5_1L {
+    const TYPE: GgmlType = GgmlType::Q5_1;
+    const WB: usize = 24;
 }
 
 impl Levels8 for Q8_0L {
     const TYPE: GgmlType = GgmlType::Q8_0;
     const WB: usize = 34;
-    #[inline(always)]
-    unsafe fn levels(gp: *const u8) -> [__m256i; 8] {
-        // SAFETY: the levels are bytes 16..272 of the block.
-        std::array::from_fn(|v| unsafe { load256(gp.add(16 + 32 * v)) })
-    }
 }
 
-/// Interleaved Q4_0/Q5_0/Q8_0.
+/// Interleaved Q4_0/Q4_1/Q5_0/Q5_1/Q8_0.
 struct Legacy<L>(std::marker::PhantomData<L>);
 
 impl<L: Levels8> GroupKernel for Legacy<L> {
@@ -473,13 +489,19 @@ impl<L: Levels8> GroupKernel for Legacy<L> {
     const TERMS: usize = 2;
     const MAX_BLOCKS: usize = LEGACY_MAX_BLOCKS;
 
-    /// The activation's d as f32 bits, and -OFFSET * the sum of its 32 quants.
+    /// The activation's d as f32 bits, and -OFFSET * the sum of its 32 quants (or, for
+    /// the formats with a minimum, d times that sum as f32 bits: what the minimum
+    /// multiplies).
     #[inline(always)]
     unsafe fn terms(ap: *const u8, out: &mut [i32]) {
         // SAFETY: a Q8_0 block is d (f16) then 32 quants.
         unsafe {
-            out[0] = f16_to_f32(read_u16(ap)).to_bits() as i32;
-            out[1] = -legacy_offset(L::TYPE) * q8_0_quant_sum(ap);
+            let d = f16_to_f32(read_u16(ap));
+            out[0] = d.to_bits() as i32;
+            out[1] = match legacy_layout(L::TYPE).min {
+                Some(_) => (d * q8_0_quant_sum(ap) as f32).to_bits() as i32,
+                None => -legacy_offset(L::TYPE) * q8_0_quant_sum(ap),
+            };
         }
     }
 
@@ -496,12 +518,16 @@ impl<L: Levels8> GroupKernel for Legacy<L> {
         unsafe {
             let lv = L::levels(gp);
             let dw = _mm256_cvtph_ps(load128(gp));
+            let min = legacy_layout(L::TYPE).min;
             for t in 0..N {
                 let a = acts[t].add(b * Q8_0_BYTES + 2);
                 let tp = terms[t].add(2 * b);
                 // Two chains, the first starting at -OFFSET * sum(a): exact, and
-                // offset-free once added.
-                let mut d0 = _mm256_set1_epi32(*tp.add(1));
+                // offset-free once added (a format with a minimum starts at zero).
+                let mut d0 = match min {
+                    Some(_) => _mm256_setzero_si256(),
+                    None => _mm256_set1_epi32(*tp.add(1)),
+                };
                 let mut d1 = _mm256_setzero_si256();
                 for v in 0..4 {
                     d0 = dpbusd::<F>(d0, lv[v], bcast4(a.add(4 * v)));
@@ -510,6 +536,11 @@ impl<L: Levels8> GroupKernel for Legacy<L> {
                 let da = _mm256_set1_ps(f32::from_bits(*tp as u32));
                 let dot = _mm256_cvtepi32_ps(_mm256_add_epi32(d0, d1));
                 acc[t] = _mm256_fmadd_ps(dot, _mm256_mul_ps(dw, da), acc[t]);
+                if let Some(m) = min {
+                    // + m_w * d_a * sum(a).
+                    let sa = _mm256_set1_ps(f32::from_bits(*tp.add(1) as u32));
+                    acc[t] = _mm256_fmadd_ps(_mm256_cvtph_ps(load128(gp.add(m))), sa, acc[t]);
+                }
             }
         }
     }
@@ -677,7 +708,7 @@ unsafe fn drive<K: GroupKernel, const F: u8, const T: usize>(
     }
 }
 
-/// [`drive`] for type `w` (Q4_K, Q5_K, Q6_K, Q4_0, Q5_0 or Q8_0) with `T`-token tiles.
+/// [`drive`] for type `w` (Q4_K, Q5_K, Q6_K, Q4_0, Q4_1, Q5_0, Q5_1 or Q8_0) with `T`-token tiles.
 ///
 /// # Safety
 /// As [`drive`], with `n` values a row.
@@ -710,8 +741,14 @@ unsafe fn matmul_any<const F: u8, const T: usize>(
             GgmlType::Q4_0 => {
                 drive::<Legacy<Q4_0L>, F, T>(prefetch, nb, packed, rows, acts, m, out, out_stride)
             }
+            GgmlType::Q4_1 => {
+                drive::<Legacy<Q4_1L>, F, T>(prefetch, nb, packed, rows, acts, m, out, out_stride)
+            }
             GgmlType::Q5_0 => {
                 drive::<Legacy<Q5_0L>, F, T>(prefetch, nb, packed, rows, acts, m, out, out_stride)
+            }
+            GgmlType::Q5_1 => {
+                drive::<Legacy<Q5_1L>, F, T>(prefetch, nb, packed, rows, acts, m, out, out_stride)
             }
             GgmlType::Q8_0 => {
                 drive::<Legacy<Q8_0L>, F, T>(prefetch, nb, packed, rows, acts, m, out, out_stride)

@@ -91,9 +91,9 @@ pub(super) unsafe fn matmul_vnni512(
     true
 }
 
-/// Weight types with AVX2 kernels (Q8_K, an activation format, uses the scalar path).
+/// Weight types with AVX2 kernels on ggml's rows (`select::has_row_kernels`).
 pub(super) fn supports(w: GgmlType) -> bool {
-    w != GgmlType::Q8_K
+    select::has_row_kernels(w)
 }
 
 /// f32 activation scales the matmul driver keeps for a token chunk.
@@ -455,7 +455,9 @@ pub(super) unsafe fn matvec(
             (GgmlType::Q6_K, _) => {
                 matvec_with::<kquant::Q6K<PLAIN>>(nb, weights, rows, act, out, pf)
             }
-            (GgmlType::Q8_K, _) => unreachable!("Q8_K weights take the scalar path"),
+            (GgmlType::Q8_K | GgmlType::Q4_1 | GgmlType::Q5_1, _) => {
+                unreachable!("{w} rows take the scalar path")
+            }
         }
     }
 }
@@ -527,7 +529,9 @@ pub(super) unsafe fn matmul(
             (GgmlType::Q6_K, V) => tiled!(kquant::Q6K<VEX>, 1),
             (GgmlType::Q6_K, E) => tiled!(kquant::Q6K<EVEX>, 1),
             (GgmlType::Q6_K, _) => tiled!(kquant::Q6K<PLAIN>, 1),
-            (GgmlType::Q8_K, _) => unreachable!("Q8_K weights take the scalar path"),
+            (GgmlType::Q8_K | GgmlType::Q4_1 | GgmlType::Q5_1, _) => {
+                unreachable!("{w} rows take the scalar path")
+            }
         }
     }
 }
