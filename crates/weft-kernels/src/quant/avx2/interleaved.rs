@@ -430,7 +430,8 @@ trait Levels8 {
     }
 }
 
-/// The nibble loads of Q4_0/Q5_0 at `p`: load h gives vectors h (low) and h + 4 (high).
+/// The nibble loads of Q4_0/Q4_1/Q5_0/Q5_1 at `p`: load h gives vectors h (low) and
+/// h + 4 (high).
 ///
 /// # Safety
 /// `p` is readable for 128 bytes.
