@@ -2,6 +2,7 @@
 //! the scalar and SIMD code. Everything is read unaligned: rows come straight from an mmap.
 
 use half::{bf16, f16};
+use weft_gguf::GgmlType;
 
 /// Values per block of the 32-wide formats (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0).
 pub const QK: usize = 32;
@@ -28,6 +29,21 @@ pub const Q6_K_SCALES: usize = 192;
 pub const Q6_K_D: usize = 208;
 pub const Q8_K_QS: usize = 4;
 pub const Q8_K_BSUMS: usize = 260;
+
+/// Where a 32-value nibble block (Q4_0/Q4_1/Q5_0/Q5_1) keeps its fifth bits (Q5_0/Q5_1,
+/// 4 bytes) and its 16 bytes of nibbles: after `d` (2 bytes) and the minimum (2,
+/// Q4_1/Q5_1).
+pub fn ggml_legacy(w: GgmlType) -> (Option<usize>, usize) {
+    let base = if matches!(w, GgmlType::Q4_1 | GgmlType::Q5_1) {
+        4
+    } else {
+        2
+    };
+    match w {
+        GgmlType::Q5_0 | GgmlType::Q5_1 => (Some(base), base + 4),
+        _ => (None, base),
+    }
+}
 
 #[inline]
 pub fn read_u16(b: &[u8], off: usize) -> u16 {

@@ -60,7 +60,7 @@
 
 use weft_gguf::GgmlType;
 
-use super::blocks::{scale_min_k4, Q6_K_D, Q6_K_QH, Q6_K_SCALES};
+use super::blocks::{ggml_legacy, scale_min_k4, Q6_K_D, Q6_K_QH, Q6_K_SCALES};
 
 /// Rows in one interleaved group.
 pub const GROUP_ROWS: usize = 8;
@@ -225,20 +225,6 @@ pub(super) const fn legacy_layout(w: GgmlType) -> LegacyLayout {
         min: if min { Some(16) } else { None },
         fifth: if fifth { Some(fifth_at) } else { None },
         levels: fifth_at + if fifth { 32 } else { 0 },
-    }
-}
-
-/// Where ggml keeps a 32-value block's fifth bits (Q5_0/Q5_1) and nibbles: after `d`
-/// (2 bytes) and the minimum (2, Q4_1/Q5_1).
-fn ggml_legacy(w: GgmlType) -> (Option<usize>, usize) {
-    let base = if matches!(w, GgmlType::Q4_1 | GgmlType::Q5_1) {
-        4
-    } else {
-        2
-    };
-    match w {
-        GgmlType::Q5_0 | GgmlType::Q5_1 => (Some(base), base + 4),
-        _ => (None, base),
     }
 }
 

@@ -98,7 +98,12 @@ fn q_min<const BITS: u32>(x: &[f32], y: &mut [u8]) {
     let id = if d != 0.0 { 1.0 / d } else { 0.0 };
     write_f16(y, 0, d);
     write_f16(y, 2, min);
-    let qs = if BITS == 5 { 8 } else { 4 };
+    let ty = if BITS == 5 {
+        GgmlType::Q5_1
+    } else {
+        GgmlType::Q4_1
+    };
+    let (qh_at, qs) = ggml_legacy(ty);
     let mut qh = 0u32;
     for j in 0..QK / 2 {
         let (x0, x1) = ((x[j] - min) * id, (x[j + QK / 2] - min) * id);
@@ -115,8 +120,8 @@ fn q_min<const BITS: u32>(x: &[f32], y: &mut [u8]) {
         qh |= (((q0 & 0x10) >> 4) as u32) << j;
         qh |= (((q1 & 0x10) >> 4) as u32) << (j + QK / 2);
     }
-    if BITS == 5 {
-        y[4..8].copy_from_slice(&qh.to_le_bytes());
+    if let Some(o) = qh_at {
+        y[o..o + 4].copy_from_slice(&qh.to_le_bytes());
     }
 }
 

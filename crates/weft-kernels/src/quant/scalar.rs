@@ -14,8 +14,7 @@ pub fn dequantize_row(ty: GgmlType, src: &[u8], dst: &mut [f32]) {
         GgmlType::F32 => blocks.for_each(|(x, y)| y[0] = read_f32(x, 0)),
         GgmlType::F16 => blocks.for_each(|(x, y)| y[0] = read_f16(x, 0)),
         GgmlType::BF16 => blocks.for_each(|(x, y)| y[0] = read_bf16(x, 0)),
-        GgmlType::Q4_0 => blocks.for_each(|(x, y)| deq_q4_0(x, y)),
-        GgmlType::Q5_0 => blocks.for_each(|(x, y)| deq_q5_0(x, y)),
+        GgmlType::Q4_0 | GgmlType::Q5_0 => blocks.for_each(|(x, y)| deq_offset(ty, x, y)),
         GgmlType::Q4_1 | GgmlType::Q5_1 => blocks.for_each(|(x, y)| deq_min(ty, x, y)),
         GgmlType::Q8_0 => blocks.for_each(|(x, y)| deq_q8_0(x, y)),
         GgmlType::Q4_K => blocks.for_each(|(x, y)| deq_q4_k(x, y)),
@@ -25,24 +24,27 @@ pub fn dequantize_row(ty: GgmlType, src: &[u8], dst: &mut [f32]) {
     }
 }
 
-/// The 32 signed levels of a Q4_0 block: low nibbles are values 0..16, high 16..32.
+/// The 32 unsigned levels of a nibble block (Q4_0/Q4_1/Q5_0/Q5_1, `blocks::ggml_legacy`):
+/// low nibbles are values 0..16, high ones 16..32, and bit j of qh (Q5_0/Q5_1) is value
+/// j's fifth bit.
 #[inline]
-pub(super) fn levels_q4_0(x: &[u8]) -> [i8; 32] {
+pub(super) fn nibble_levels(ty: GgmlType, x: &[u8]) -> [u8; 32] {
+    let (qh_at, qs) = ggml_legacy(ty);
+    let qh = qh_at.map_or(0, |o| {
+        u32::from_le_bytes([x[o], x[o + 1], x[o + 2], x[o + 3]])
+    });
     std::array::from_fn(|j| {
-        let b = x[2 + (j & 15)];
-        (if j < 16 { b & 0xF } else { b >> 4 }) as i8 - 8
+        let b = x[qs + (j & 15)];
+        let nib = if j < 16 { b & 0xF } else { b >> 4 };
+        nib | ((((qh >> j) & 1) as u8) << 4)
     })
 }
 
-/// The 32 signed levels of a Q5_0 block: nibble plus bit j of qh as the fifth bit.
+/// The 32 signed levels of a Q4_0 (levels less 8) or Q5_0 (less 16) block.
 #[inline]
-pub(super) fn levels_q5_0(x: &[u8]) -> [i8; 32] {
-    let qh = u32::from_le_bytes([x[2], x[3], x[4], x[5]]);
-    std::array::from_fn(|j| {
-        let b = x[6 + (j & 15)];
-        let nib = if j < 16 { b & 0xF } else { b >> 4 };
-        (nib | ((((qh >> j) & 1) as u8) << 4)) as i8 - 16
-    })
+fn offset_levels(ty: GgmlType, x: &[u8]) -> [i8; 32] {
+    let offset = if ty == GgmlType::Q4_0 { 8 } else { 16 };
+    nibble_levels(ty, x).map(|q| q as i8 - offset)
 }
 
 /// Q4_K/Q5_K value i (0..256) of a super-block: chunk i/64 holds 32 bytes whose low
@@ -74,41 +76,18 @@ fn level_q5_k(x: &[u8], i: usize) -> u8 {
     nibble_k(&x[Q5_K_QS..], i) | (hbit << 4)
 }
 
-fn deq_q4_0(x: &[u8], y: &mut [f32]) {
+/// Q4_0/Q5_0: d * signed level.
+fn deq_offset(ty: GgmlType, x: &[u8], y: &mut [f32]) {
     let d = read_f16(x, 0);
-    for (o, q) in y.iter_mut().zip(levels_q4_0(x)) {
+    for (o, q) in y.iter_mut().zip(offset_levels(ty, x)) {
         *o = q as f32 * d;
     }
-}
-
-fn deq_q5_0(x: &[u8], y: &mut [f32]) {
-    let d = read_f16(x, 0);
-    for (o, q) in y.iter_mut().zip(levels_q5_0(x)) {
-        *o = q as f32 * d;
-    }
-}
-
-/// The 32 unsigned levels of a Q4_1 (d, m, nibbles) or Q5_1 (d, m, qh, nibbles) block.
-#[inline]
-pub(super) fn levels_min(ty: GgmlType, x: &[u8]) -> [u8; 32] {
-    let five = ty == GgmlType::Q5_1;
-    let qh = if five {
-        u32::from_le_bytes([x[4], x[5], x[6], x[7]])
-    } else {
-        0
-    };
-    let qs = if five { 8 } else { 4 };
-    std::array::from_fn(|j| {
-        let b = x[qs + (j & 15)];
-        let nib = if j < 16 { b & 0xF } else { b >> 4 };
-        nib | ((((qh >> j) & 1) as u8) << 4)
-    })
 }
 
 /// Q4_1/Q5_1: d * level + m.
 fn deq_min(ty: GgmlType, x: &[u8], y: &mut [f32]) {
     let (d, m) = (read_f16(x, 0), read_f16(x, 2));
-    for (o, q) in y.iter_mut().zip(levels_min(ty, x)) {
+    for (o, q) in y.iter_mut().zip(nibble_levels(ty, x)) {
         *o = q as f32 * d + m;
     }
 }
@@ -173,9 +152,8 @@ pub fn vec_dot(ty: GgmlType, n: usize, row: &[u8], act: &[u8]) -> f32 {
             for b in 0..nb {
                 let (w, a) = (wblk(b), &act[b * Q8_0_BYTES..(b + 1) * Q8_0_BYTES]);
                 let q: [i8; 32] = match ty {
-                    GgmlType::Q4_0 => levels_q4_0(w),
-                    GgmlType::Q5_0 => levels_q5_0(w),
-                    _ => std::array::from_fn(|j| w[2 + j] as i8),
+                    GgmlType::Q8_0 => std::array::from_fn(|j| w[2 + j] as i8),
+                    _ => offset_levels(ty, w),
                 };
                 let isum: i32 = (0..32).map(|j| q[j] as i32 * a[2 + j] as i8 as i32).sum();
                 sum += read_f16(w, 0) * read_f16(a, 0) * isum as f32;
@@ -189,7 +167,7 @@ pub fn vec_dot(ty: GgmlType, n: usize, row: &[u8], act: &[u8]) -> f32 {
             let mut sum = 0.0f32;
             for b in 0..nb {
                 let (w, a) = (wblk(b), &act[b * Q8_0_BYTES..(b + 1) * Q8_0_BYTES]);
-                let q = levels_min(ty, w);
+                let q = nibble_levels(ty, w);
                 let isum: i32 = (0..32).map(|j| q[j] as i32 * a[2 + j] as i8 as i32).sum();
                 let asum: i32 = (0..32).map(|j| a[2 + j] as i8 as i32).sum();
                 let da = read_f16(a, 0);

@@ -215,7 +215,6 @@ impl<const FIVE: bool> GroupKernel for KMin<FIVE> {
         unsafe {
             // Q5_K's fifth bits land above a high nibble kept in place: it shifts.
             let in_place = N == 1 && F != PLAIN && !FIVE;
-            let bit4 = _mm256_set1_epi8(0x10);
             let mut isum = [_mm256_setzero_si256(); N];
             for j in 0..8 {
                 let sc = _mm256_cvtepu8_epi32(_mm_loadl_epi64(gp.add(OFF_SCALES + 8 * j).cast()));
@@ -241,17 +240,9 @@ impl<const FIVE: bool> GroupKernel for KMin<FIVE> {
                         _mm256_and_si256(_mm256_srli_epi16::<4>(x), nibble)
                     };
                     if FIVE {
-                        // Bits h and 4 + h of the plane moved to bit 4 (16-bit shifts:
-                        // what crosses into the next byte lands below bit 4 or above
-                        // it, and the mask drops it).
-                        let (to_lo, to_hi) = match h {
-                            0 => (_mm256_slli_epi16::<4>(plane), plane),
-                            1 => (_mm256_slli_epi16::<3>(plane), _mm256_srli_epi16::<1>(plane)),
-                            2 => (_mm256_slli_epi16::<2>(plane), _mm256_srli_epi16::<2>(plane)),
-                            _ => (_mm256_slli_epi16::<1>(plane), _mm256_srli_epi16::<3>(plane)),
-                        };
-                        lo = _mm256_or_si256(lo, _mm256_and_si256(to_lo, bit4));
-                        hi = _mm256_or_si256(hi, _mm256_and_si256(to_hi, bit4));
+                        // Bit h of the plane is the low nibble's, bit 4 + h the high one's.
+                        lo = _mm256_or_si256(lo, fifth_bit(plane, h));
+                        hi = _mm256_or_si256(hi, fifth_bit(plane, 4 + h));
                     }
                     for t in 0..N {
                         let a = acts[t].add(b * Q8_K_AB + Q8_K_QS + 32 * j + 4 * h);
@@ -408,26 +399,36 @@ trait Levels8 {
         // SAFETY: 128 bytes of nibbles at `at.levels`, 32 of fifth bits at `at.fifth`.
         let mut l = unsafe { nibble_vectors(gp.add(at.levels)) };
         if let Some(f) = at.fifth {
-            let h = unsafe { load256(gp.add(f)) };
-            let bit = _mm256_set1_epi8(0x10);
-            // Bit v of each byte moved to bit 4 (16-bit shifts: what crosses into the
-            // next byte lands below bit 4 or above it, and the mask drops it).
-            let fifth = [
-                _mm256_slli_epi16::<4>(h),
-                _mm256_slli_epi16::<3>(h),
-                _mm256_slli_epi16::<2>(h),
-                _mm256_slli_epi16::<1>(h),
-                h,
-                _mm256_srli_epi16::<1>(h),
-                _mm256_srli_epi16::<2>(h),
-                _mm256_srli_epi16::<3>(h),
-            ];
-            for v in 0..8 {
-                l[v] = _mm256_or_si256(l[v], _mm256_and_si256(fifth[v], bit));
+            let plane = unsafe { load256(gp.add(f)) };
+            for (v, level) in l.iter_mut().enumerate() {
+                // SAFETY: the drivers that inline this run on AVX2.
+                *level = _mm256_or_si256(*level, unsafe { fifth_bit(plane, v) });
             }
         }
         l
     }
+}
+
+/// Bit `v` (0..8) of each byte of a plane of fifth bits, moved to bit 4 and alone there:
+/// what a level vector ORs in. 16-bit shifts: what crosses into the next byte lands below
+/// bit 4 or above it, and the mask drops it. `v` is a constant once the callers' loops
+/// unroll.
+///
+/// # Safety
+/// The CPU runs AVX2 (every driver here is compiled for it).
+#[inline(always)]
+unsafe fn fifth_bit(plane: __m256i, v: usize) -> __m256i {
+    let at4 = match v {
+        0 => _mm256_slli_epi16::<4>(plane),
+        1 => _mm256_slli_epi16::<3>(plane),
+        2 => _mm256_slli_epi16::<2>(plane),
+        3 => _mm256_slli_epi16::<1>(plane),
+        4 => plane,
+        5 => _mm256_srli_epi16::<1>(plane),
+        6 => _mm256_srli_epi16::<2>(plane),
+        _ => _mm256_srli_epi16::<3>(plane),
+    };
+    _mm256_and_si256(at4, _mm256_set1_epi8(0x10))
 }
 
 /// The nibble loads of Q4_0/Q4_1/Q5_0/Q5_1 at `p`: load h gives vectors h (low) and
