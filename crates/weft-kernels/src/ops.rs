@@ -48,6 +48,20 @@ pub struct Rope {
     inv_freq: Vec<f64>,
     /// Magnitude of the sines and cosines (YaRN's and `rope.scaling.attn_factor`'s scale).
     mscale: f32,
+    /// Names these frequencies in the per-thread angle cache (a clone shares them).
+    id: u64,
+}
+
+/// Ropes' angles that a thread keeps: every layer of a token rotates its queries and keys
+/// at the same position, so a token's sines and cosines (f64, a few dozen ns each) are
+/// computed once per rope, not twice per layer.
+const CACHED_ANGLES: usize = 4;
+
+/// (rope id, position, the scaled sine and cosine of each pair), most recent first.
+type Angles = Vec<(u64, usize, Vec<(f32, f32)>)>;
+
+thread_local! {
+    static ANGLES: std::cell::RefCell<Angles> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
 impl Rope {
@@ -93,12 +107,44 @@ impl Rope {
                 extrapolated * scale
             })
             .collect();
+        static NEXT_ID: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
         Rope {
             style,
             n_rot,
             inv_freq,
             mscale,
+            id: NEXT_ID.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
         }
+    }
+
+    /// The scaled sine and cosine of each pair's angle at `pos`, into `out`.
+    fn angles_into(&self, pos: usize, out: &mut Vec<(f32, f32)>) {
+        out.clear();
+        out.extend(self.inv_freq.iter().map(|&f| {
+            let (s, c) = (pos as f64 * f).sin_cos();
+            (s as f32 * self.mscale, c as f32 * self.mscale)
+        }));
+    }
+
+    /// Runs `f` on the angles at `pos`, from this thread's cache where they are (the
+    /// cache's buffers are reused, so a steady decode allocates nothing).
+    fn with_angles<R>(&self, pos: usize, f: impl FnOnce(&[(f32, f32)]) -> R) -> R {
+        ANGLES.with(|cell| {
+            let mut cache = cell.borrow_mut();
+            match cache.iter().position(|e| e.0 == self.id && e.1 == pos) {
+                Some(i) => cache[..=i].rotate_right(1),
+                None => {
+                    if cache.len() < CACHED_ANGLES {
+                        cache.push((0, 0, Vec::new()));
+                    }
+                    cache.rotate_right(1);
+                    let e = &mut cache[0];
+                    (e.0, e.1) = (self.id, pos);
+                    self.angles_into(pos, &mut e.2);
+                }
+            }
+            f(&cache[0].2)
+        })
     }
 
     /// Rotates one head vector (len ≥ n_rot) for position `pos`.
@@ -111,19 +157,19 @@ impl Rope {
     /// angle's sine and cosine (in f64, for long contexts) is computed once for all heads.
     pub fn apply_heads(&self, row: &mut [f32], head_dim: usize, pos: usize) {
         let half = self.n_rot / 2;
-        for (i, &f) in self.inv_freq.iter().enumerate() {
-            let (s, c) = (pos as f64 * f).sin_cos();
-            let (s, c) = (s as f32 * self.mscale, c as f32 * self.mscale);
-            let (a, b) = match self.style {
-                RopeStyle::Normal => (2 * i, 2 * i + 1),
-                RopeStyle::Neox => (i, i + half),
-            };
-            for head in row.chunks_exact_mut(head_dim) {
-                let (x0, x1) = (head[a], head[b]);
-                head[a] = x0 * c - x1 * s;
-                head[b] = x0 * s + x1 * c;
+        self.with_angles(pos, |angles| {
+            for (i, &(s, c)) in angles.iter().enumerate() {
+                let (a, b) = match self.style {
+                    RopeStyle::Normal => (2 * i, 2 * i + 1),
+                    RopeStyle::Neox => (i, i + half),
+                };
+                for head in row.chunks_exact_mut(head_dim) {
+                    let (x0, x1) = (head[a], head[b]);
+                    head[a] = x0 * c - x1 * s;
+                    head[b] = x0 * s + x1 * c;
+                }
             }
-        }
+        })
     }
 }
 
@@ -179,6 +225,42 @@ mod tests {
         r.apply(&mut h, 1234);
         let n: f32 = h.iter().map(|v| v * v).sum();
         assert!((n - (0.09 + 1.44 + 0.49 + 4.0)).abs() < 1e-4);
+    }
+
+    #[test]
+    fn cached_angles_equal_fresh_ones_across_ropes_and_positions() {
+        // More ropes than the cache holds, visited in an order that both hits and evicts,
+        // each rotation checked bit for bit against angles computed afresh.
+        let ropes: Vec<Rope> = (0..CACHED_ANGLES + 2)
+            .map(|k| Rope::new(RopeStyle::Neox, 8, 1e4 * (k + 1) as f32, 1.0))
+            .collect();
+        let head: Vec<f32> = (0..16).map(|i| 0.25 * i as f32 - 1.5).collect();
+        // Hits (the same ropes at the same position again), one position under several
+        // ropes in a row, evictions, and a mix.
+        let mut visits: Vec<(usize, usize)> = Vec::new();
+        for _ in 0..2 {
+            visits.extend((0..3).map(|k| (k, 5)));
+        }
+        visits.extend((0..ropes.len()).map(|k| (k, 9)));
+        visits.extend((0..ropes.len()).rev().map(|k| (k, 9)));
+        visits.extend((0..30).map(|i| (i % ropes.len(), i % 4)));
+        let mut fresh = Vec::new();
+        for (step, &(k, pos)) in visits.iter().enumerate() {
+            let r = &ropes[k];
+            let mut got = head.clone();
+            r.apply_heads(&mut got, 8, pos);
+            r.angles_into(pos, &mut fresh);
+            let mut want = head.clone();
+            for h in want.chunks_exact_mut(8) {
+                for (i, &(s, c)) in fresh.iter().enumerate() {
+                    let (x0, x1) = (h[i], h[i + 4]);
+                    (h[i], h[i + 4]) = (x0 * c - x1 * s, x0 * s + x1 * c);
+                }
+            }
+            assert_eq!(got, want, "step {step}: rope {} at {pos}", r.id);
+        }
+        let cached = ANGLES.with(|c| c.borrow().len());
+        assert_eq!(cached, CACHED_ANGLES);
     }
 
     #[test]
