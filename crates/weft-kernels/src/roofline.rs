@@ -9,38 +9,72 @@ use crate::ThreadPool;
 /// Bytes per second the pool's threads read from a buffer of `bytes` (make it several
 /// times the last-level cache), each thread one sequential stream; best of `reps` passes.
 pub fn read_bandwidth(pool: &ThreadPool, bytes: usize, reps: usize) -> f64 {
-    let words = (bytes / 8).max(1 << 12);
-    // In the pages the repacked weights get (`pages`), so the probe and decode read alike.
-    let mut huge = crate::pages::HugeBuf::zeroed(words * 8).ok();
-    let mut vec = Vec::new();
-    let buf: &mut [u64] = match huge.as_deref_mut() {
-        // SAFETY: any bytes are valid u64s; the buffer is 64-byte aligned, so align_to
-        // leaves no head.
-        Some(b) => unsafe { b.align_to_mut::<u64>().1 },
-        None => {
-            vec.resize(words, 0u64);
-            &mut vec
+    ReadProbe::new(bytes).measure(pool, reps)
+}
+
+/// The bandwidth probe's buffer, kept so that the probe can run again and again beside
+/// what it is the ceiling of (a shared machine's bandwidth drifts between moments).
+pub struct ReadProbe {
+    huge: Option<crate::pages::HugeBuf>,
+    vec: Vec<u64>,
+}
+
+impl ReadProbe {
+    /// A probe over `bytes` (at least 32 KiB), filled with non-constant words so that no
+    /// pass can be skipped.
+    pub fn new(bytes: usize) -> ReadProbe {
+        let words = (bytes / 8).max(1 << 12);
+        // In the pages the repacked weights get (`pages`), so the probe and decode read
+        // alike.
+        let mut probe = ReadProbe {
+            huge: crate::pages::HugeBuf::zeroed(words * 8).ok(),
+            vec: Vec::new(),
+        };
+        if probe.huge.is_none() {
+            probe.vec.resize(words, 0);
         }
-    };
-    // Non-constant contents so no pass can be skipped.
-    for (i, w) in buf.iter_mut().enumerate() {
-        *w = (i as u64).wrapping_mul(0x9E37_79B9);
+        for (i, w) in probe.words_mut().iter_mut().enumerate() {
+            *w = (i as u64).wrapping_mul(0x9E37_79B9);
+        }
+        probe
     }
-    let buf: &[u64] = buf;
-    let mut best = 0f64;
-    for _ in 0..reps.max(1) {
-        let sink = std::sync::atomic::AtomicU64::new(0);
-        let t = Instant::now();
-        // Ranges of 512 KiB: coarse enough that each is one long stream.
-        pool.for_ranges(words, 1 << 16, &|r| {
-            let s = sum_words(&buf[r]);
-            sink.fetch_add(s, std::sync::atomic::Ordering::Relaxed);
-        });
-        let secs = t.elapsed().as_secs_f64();
-        std::hint::black_box(sink.load(std::sync::atomic::Ordering::Relaxed));
-        best = best.max((words * 8) as f64 / secs);
+
+    fn words_mut(&mut self) -> &mut [u64] {
+        match self.huge.as_deref_mut() {
+            // SAFETY: any bytes are valid u64s; the buffer is 64-byte aligned, so align_to
+            // leaves no head.
+            Some(b) => unsafe { b.align_to_mut::<u64>().1 },
+            None => &mut self.vec,
+        }
     }
-    best
+
+    fn words(&self) -> &[u64] {
+        match self.huge.as_deref() {
+            // SAFETY: as in `words_mut`.
+            Some(b) => unsafe { b.align_to::<u64>().1 },
+            None => &self.vec,
+        }
+    }
+
+    /// Bytes per second the pool's threads read from the buffer, each thread one
+    /// sequential stream; best of `reps` passes.
+    pub fn measure(&self, pool: &ThreadPool, reps: usize) -> f64 {
+        let buf = self.words();
+        let mut best = 0f64;
+        for _ in 0..reps.max(1) {
+            let sink = std::sync::atomic::AtomicU64::new(0);
+            let t = Instant::now();
+            // Ranges of 512 KiB: coarse enough that each is one long stream.
+            pool.for_ranges(buf.len(), 1 << 16, &|r| {
+                let s = sum_words(&buf[r]);
+                sink.fetch_add(s, std::sync::atomic::Ordering::Relaxed);
+            });
+            let secs = t.elapsed().as_secs_f64();
+            std::hint::black_box(sink.load(std::sync::atomic::Ordering::Relaxed));
+            best = best.max(std::mem::size_of_val(buf) as f64 / secs);
+        }
+        best
+    }
 }
 
 /// Wrapping sum of `w`, AVX2 where present (the scalar loop is too slow to saturate a

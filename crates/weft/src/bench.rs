@@ -44,8 +44,6 @@ pub fn run(a: BenchArgs) -> Result<()> {
         .prefill(&prompt[..prompt.len().min(8)])
         .context("warm-up")?;
     let mut pp = Vec::new();
-    let mut tg = Vec::new();
-    let mut expert_read = 0u64;
     for _ in 0..a.reps.max(1) {
         if a.prefill > 0 {
             if a.depth > 0 {
@@ -59,39 +57,53 @@ pub fn run(a: BenchArgs) -> Result<()> {
             }
             pp.push(a.prefill as f64 / t.elapsed().as_secs_f64());
         }
-        if a.decode > 0 {
-            engine.prefill(&context).context("decode start")?;
-            engine.model.take_expert_bytes_read();
-            let t = Instant::now();
-            let mut tok = bos;
-            for _ in 0..a.decode {
-                engine.decode(tok).context("decode")?;
-                // Random next tokens, as llama-bench feeds: on a MoE model a repeated
-                // token would route to the same, cache-warm experts every step.
-                tok = next();
-            }
-            tg.push(a.decode as f64 / t.elapsed().as_secs_f64());
-            expert_read += engine.model.take_expert_bytes_read();
-        }
     }
     let batched = (a.batch > 1)
         .then(|| batched_decode(&mut engine, a.batch, a.decode.max(1), a.reps.max(1), bos))
         .transpose()?;
+    // Decode allocates nothing more, so the peak is reached; read before the bandwidth
+    // probe's buffer exists.
+    let rss = weft_cluster::procinfo::peak_rss_bytes();
+    let probe = (!a.no_bandwidth).then(|| weft_kernels::roofline::ReadProbe::new(512 << 20));
     let bytes_per_token = engine.model.weight_bytes_per_token();
+    // Each decode repetition right after a probe of the bandwidth: the roofline of that
+    // moment, as a shared machine's bandwidth drifts from one second to the next.
+    let (mut tg, mut bw, mut fractions) = (Vec::new(), Vec::new(), Vec::new());
+    let mut expert_read = 0u64;
+    for _ in 0..a.reps.max(1) {
+        if a.decode == 0 {
+            break;
+        }
+        let now_bw = probe.as_ref().map(|p| p.measure(&engine.pool, 3));
+        engine.prefill(&context).context("decode start")?;
+        engine.model.take_expert_bytes_read();
+        let t = Instant::now();
+        let mut tok = bos;
+        for _ in 0..a.decode {
+            engine.decode(tok).context("decode")?;
+            // Random next tokens, as llama-bench feeds: on a MoE model a repeated
+            // token would route to the same, cache-warm experts every step.
+            tok = next();
+        }
+        let rate = a.decode as f64 / t.elapsed().as_secs_f64();
+        tg.push(rate);
+        expert_read += engine.model.take_expert_bytes_read();
+        if let Some(b) = now_bw {
+            bw.push(b);
+            fractions.push(rate * bytes_per_token as f64 / b);
+        }
+    }
     let moe = moe_report(&engine.model, expert_read, a.decode * a.reps.max(1));
-    let rss = weft_cluster::procinfo::peak_rss_bytes(); // before the bandwidth probe's buffer
-    let bandwidth = if a.no_bandwidth {
-        None
-    } else {
-        Some(weft_kernels::roofline::read_bandwidth(
-            &engine.pool,
-            512 << 20,
-            3,
-        ))
+    let bandwidth = match (&probe, bw.is_empty()) {
+        (None, _) => None,
+        (Some(_), false) => Some(median_sd(&bw).0),
+        (Some(p), true) => Some(p.measure(&engine.pool, 3)),
     };
+    let fraction = (!fractions.is_empty()).then(|| median_sd(&fractions).0);
     let (pp_med, pp_sd) = median_sd(&pp);
     let (tg_med, tg_sd) = median_sd(&tg);
     let roofline = bandwidth.map(|bw| bw / bytes_per_token as f64);
+    drop(probe);
     let file_bytes = std::fs::metadata(&path).map(|m| m.len()).unwrap_or(0);
     let kv_bytes = engine.kv.bytes();
     let kv_per_token = engine
@@ -110,7 +122,8 @@ pub fn run(a: BenchArgs) -> Result<()> {
                 "bytes_per_token": bytes_per_token,
                 "memory_bandwidth_gb_s": bandwidth.map(|b| b / 1e9),
                 "roofline_tok_s": roofline,
-                "roofline_fraction": roofline.map(|r| tg_med / r),
+                "memory_bandwidth_samples_gb_s": bw.iter().map(|b| b / 1e9).collect::<Vec<_>>(),
+                "roofline_fraction": fraction,
                 "load_s": load_s,
                 "peak_rss_bytes": rss,
                 "file_bytes": file_bytes,
@@ -168,10 +181,17 @@ pub fn run(a: BenchArgs) -> Result<()> {
             )?;
         }
         if let (Some(bw), Some(r)) = (bandwidth, roofline) {
+            let reach = match fraction {
+                Some(f) => format!(
+                    "; decode reaches {:.0}% of it (median of each repetition against the \
+                     probe just before it)",
+                    100.0 * f
+                ),
+                None => String::new(),
+            };
             outln!(
-                "memory bandwidth {:.1} GB/s -> roofline {r:.1} tok/s; decode reaches {:.0}% of it",
-                bw / 1e9,
-                100.0 * tg_med / r
+                "memory bandwidth {:.1} GB/s -> roofline {r:.1} tok/s{reach}",
+                bw / 1e9
             )?;
         }
         outln!(

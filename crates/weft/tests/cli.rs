@@ -229,6 +229,37 @@ fn bench_and_perplexity_report_their_keys() {
     assert!(d["tg_tok_s"].as_f64().unwrap() > 0.0, "{d}");
     let err = failure(&bench(&["-p", "0", "-r", "1", "-d", "4000"]));
     assert!(err.contains("context"), "{err}");
+    // With the bandwidth probe: one probe beside each decode repetition, and the roofline
+    // fraction the median of each repetition against its own probe.
+    let r = ok_json(&weft(
+        &[
+            "bench", "--model", m, "-p", "0", "-n", "4", "-r", "3", "--json",
+        ],
+        dir.path(),
+    ));
+    let bw: Vec<f64> = r["memory_bandwidth_samples_gb_s"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_f64().unwrap())
+        .collect();
+    let tg: Vec<f64> = r["tg_samples"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_f64().unwrap())
+        .collect();
+    assert_eq!((bw.len(), tg.len()), (3, 3), "{r}");
+    assert!(bw.iter().all(|&b| b > 0.0), "{r}");
+    let bytes = r["bytes_per_token"].as_f64().unwrap();
+    let mut each: Vec<f64> = tg
+        .iter()
+        .zip(&bw)
+        .map(|(t, b)| t * bytes / (b * 1e9))
+        .collect();
+    each.sort_by(f64::total_cmp);
+    let got = r["roofline_fraction"].as_f64().unwrap();
+    assert!((got - each[1]).abs() <= 1e-9 * each[1], "{got} vs {each:?}");
     let text = dir.path().join("t.txt");
     std::fs::write(
         &text,
