@@ -161,6 +161,31 @@ pub const CATALOG: &[Architecture] = &[
         dense_bits: None,
     },
     Architecture {
+        name: "kimi-k2-thinking",
+        title: "Kimi K2 Thinking 1T",
+        layers: 61,
+        embd: 7168,
+        heads: 64,
+        heads_kv: 64,
+        head_dim: 128,
+        mla: Some(MLA_V3),
+        ffn: 18432,
+        experts: Some(Experts {
+            count: 384,
+            used: 8,
+            ffn: 2048,
+            shared: 1,
+        }),
+        dense_layers: 1,
+        vocab: 163840,
+        tied: false,
+        // Routed experts in INT4 as shipped, in MLX's affine form (groups of 32 with a
+        // bf16 scale and bias: 5 bits a weight, 658 GB in exo's model card); attention,
+        // shared experts, the dense layer and the head in BF16.
+        bits: 5.0,
+        dense_bits: Some(16.0),
+    },
+    Architecture {
         name: "gpt-oss-120b",
         title: "gpt-oss-120b",
         layers: 36,
@@ -326,6 +351,7 @@ mod tests {
             // 671 B without the multi-token-prediction layer; 37 B active.
             ("deepseek-v3", 671.0, 37.0),
             ("kimi-k2", 1026.0, 32.5),
+            ("kimi-k2-thinking", 1026.0, 32.5),
             ("gpt-oss-120b", 116.8, 5.13),
             ("gemma3-270m", 0.268, 0.268),
         ] {
@@ -333,6 +359,20 @@ mod tests {
             let (t, a) = (t / 1e9, a / 1e9);
             assert!((t / total - 1.0).abs() < 0.03, "{name}: {t:.2} B in all");
             assert!((a / active - 1.0).abs() < 0.08, "{name}: {a:.2} B active");
+        }
+    }
+
+    #[test]
+    fn the_bits_give_the_sizes_of_the_files_exo_ran() {
+        // exo's model cards (December 2025) give mlx-community/DeepSeek-V3.1-4bit as 378
+        // and mlx-community/Kimi-K2-Thinking as 658: the repositories' sizes in GB.
+        for (name, bits, gb) in [
+            ("deepseek-v3", Some(4.5), 378.0),
+            ("kimi-k2-thinking", None, 658.0),
+        ] {
+            let p = named(name).unwrap().profile(bits, 2);
+            let got = p.total_bytes() as f64 / 1e9;
+            assert!((got / gb - 1.0).abs() < 0.02, "{name}: {got:.0} GB");
         }
     }
 

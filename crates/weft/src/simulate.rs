@@ -308,7 +308,11 @@ fn published(as_json: bool) -> Result<()> {
             r.published_tok_s,
             r.predicted_tok_s,
             r.error * 100.0,
-            if r.calibration { "  (calibration)" } else { "" }
+            match (&r.calibrated_on, r.calibration) {
+                (Some(on), _) => format!("  (calibrated on {on})"),
+                (None, true) => "  (calibration)".to_string(),
+                (None, false) => String::new(),
+            }
         )?;
     }
     let checked: Vec<_> = rows.iter().filter(|r| !r.calibration).collect();

@@ -7,7 +7,8 @@ use clap::Args;
 #[derive(Args, Debug)]
 pub struct SimulateArgs {
     /// A model profile (llama-3.3-70b, llama-3-8b, qwen3-235b-a22b, deepseek-v3, kimi-k2,
-    /// gpt-oss-120b, gemma3-270m) or a GGUF file, read for its metadata and tensor index only.
+    /// kimi-k2-thinking, gpt-oss-120b, gemma3-270m) or a GGUF file, read for its metadata
+    /// and tensor index only.
     #[arg(long, required_unless_present = "published")]
     pub model: Option<String>,
     /// Machine profile of every node: m3-ultra, m4-max, dgx-spark, ryzen-ai-max-395,

@@ -207,7 +207,18 @@ fn calibration_sets_the_single_node_figure() {
 fn the_published_results_are_set_beside_their_predictions() {
     let v = ok_json(&weft(&["simulate", "--published", "--json"]));
     let r = rows(&v);
-    assert_eq!(r.len(), 12);
+    assert_eq!(r.len(), 14);
+    // Kimi K2 Thinking's chart has no single-node bar: DeepSeek's calibrates it.
+    let kimi: Vec<_> = r
+        .iter()
+        .filter(|x| x["model"] == "kimi-k2-thinking")
+        .collect();
+    assert_eq!(kimi.len(), 2);
+    for x in &kimi {
+        assert_eq!(x["calibration"], false, "{x}");
+        let on = x["calibrated_on"].as_str().unwrap();
+        assert!(on.contains("deepseek-v3") && on.contains("4.5"), "{x}");
+    }
     for x in r {
         let (p, q) = (
             x["published_tok_s"].as_f64().unwrap(),
