@@ -405,18 +405,9 @@ pub fn time_candidates(
     })
 }
 
-/// The fastest of `timed`, unless it beats the first (the fixed guess) by no more than
-/// the timing noise: on a shared machine a tie is decided by chance otherwise.
+/// The path of `timed` to keep (`keep::fastest_unless_noise` by bytes per second).
 fn fastest_or_guess(timed: &[Timed]) -> Option<Path> {
-    let first = timed.first()?;
-    let best = timed
-        .iter()
-        .max_by(|a, b| a.bytes_per_s.total_cmp(&b.bytes_per_s))?;
-    Some(if best.bytes_per_s > first.bytes_per_s * (1.0 + NOISE) {
-        best.path
-    } else {
-        first.path
-    })
+    crate::keep::fastest_unless_noise(timed, |t| t.bytes_per_s, NOISE).map(|t| t.path)
 }
 
 /// Measures the ceilings and every type at every shape class on `pool`, and puts the

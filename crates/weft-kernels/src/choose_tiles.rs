@@ -42,7 +42,9 @@ const REPEAT: usize = 8;
 /// `noise` (relative), so a tie is not decided by chance. None where no SIMD tiles run.
 pub fn time_tiles(rounds: usize, noise: f64) -> Option<TilesChoice> {
     let sets = grid::candidates();
-    let first = *sets.first()?;
+    if sets.is_empty() {
+        return None;
+    }
     let value = |i: usize| ((i * 7919 % 113) as f32 / 113.0 - 0.5) * 0.25;
     let keys: Vec<f32> = (0..ROWS * WIDTH).map(value).collect();
     let values: Vec<f32> = (0..ROWS * WIDTH).map(|i| value(i + 5)).collect();
@@ -90,14 +92,7 @@ pub fn time_tiles(rounds: usize, noise: f64) -> Option<TilesChoice> {
             flops_per_s: flops / secs,
         })
         .collect();
-    let fastest = timed
-        .iter()
-        .max_by(|a, b| a.flops_per_s.total_cmp(&b.flops_per_s))?;
-    let chosen = if fastest.flops_per_s > timed[0].flops_per_s * (1.0 + noise) {
-        fastest.set
-    } else {
-        first
-    };
+    let chosen = crate::keep::fastest_unless_noise(&timed, |t| t.flops_per_s, noise)?.set;
     Some(TilesChoice { timed, chosen })
 }
 

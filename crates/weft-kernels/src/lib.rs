@@ -6,6 +6,7 @@ pub mod calibrate;
 pub mod choose;
 pub mod choose_tiles;
 pub mod grid;
+mod keep;
 pub mod ops;
 pub mod pages;
 pub mod pool;
