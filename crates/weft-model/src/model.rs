@@ -516,7 +516,9 @@ impl Model {
         want: Logits,
         out: &mut Vec<f32>,
     ) -> Result<(), ModelError> {
-        out.clear();
+        // `logits` writes every value of its rows, so the buffer is never zeroed again: a
+        // vocabulary of 262,144 made that a 1 MB memset a decoded token.
+        let mut len = 0;
         let n_v = self.shard.vocab.len();
         let chunks: Vec<&[u32]> = tokens.chunks(self.ubatch).collect();
         for (ci, chunk) in chunks.iter().enumerate() {
@@ -532,11 +534,15 @@ impl Model {
                 Logits::From(n) => n.max(off).min(off + m) - off..m,
             };
             if !rows.is_empty() {
-                let at = out.len();
-                out.resize(at + rows.len() * n_v, 0.0);
-                self.logits(rows, pool, &mut out[at..])?;
+                let at = len;
+                len += rows.len() * n_v;
+                if out.len() < len {
+                    out.resize(len, 0.0);
+                }
+                self.logits(rows, pool, &mut out[at..len])?;
             }
         }
+        out.truncate(len);
         Ok(())
     }
 
@@ -623,9 +629,9 @@ impl Model {
         self.embed_tokens(tokens)?;
         self.forward_hidden_batch(spans, caches, coll, pool)?;
         let k = self.gather_logit_rows(spans);
-        out.clear();
+        // As in `forward`: every value is written, so only new room is zeroed.
+        out.resize(k * self.shard.vocab.len(), 0.0);
         if k > 0 {
-            out.resize(k * self.shard.vocab.len(), 0.0);
             self.logits(0..k, pool, out)?;
         }
         Ok(())

@@ -9,7 +9,7 @@ use weft_kernels::{quant, ThreadPool};
 use crate::batch::SeqSpan;
 use crate::collective::Identity;
 use crate::config::{Arch, ModelConfig};
-use crate::model::Model;
+use crate::model::{Logits, Model};
 use crate::shard::ShardSpec;
 use crate::synthetic::{synthetic_model, SyntheticMoe, SyntheticSpec};
 use crate::weights::Linear;
@@ -82,6 +82,66 @@ fn a_token_alone_equals_its_row_in_a_batch_through_interleaved_experts() {
         alone.iter().zip(&both[n_v..]).any(|(a, b)| a != b),
         "the other sequence's row is not its own"
     );
+}
+
+/// The logits buffer is reused without zeroing: a buffer that held more rows, or other
+/// values, gives exactly what a fresh one gives, through `forward` and `forward_batch`.
+#[test]
+fn a_reused_logits_buffer_equals_a_fresh_one() {
+    let spec = SyntheticSpec::small(Arch::Llama, GgmlType::Q8_0);
+    let bytes = synthetic_model(&spec).to_bytes();
+    let file = Arc::new(GgufFile::from_bytes("dense.gguf", bytes).unwrap());
+    let cfg = ModelConfig::from_gguf(&file).unwrap();
+    let mut model = Model::load(file, ShardSpec::full(&cfg), 8).unwrap();
+    let pool = ThreadPool::new(1);
+    let n_v = spec.n_vocab();
+    let run = |model: &mut Model, out: &mut Vec<f32>, want: Logits| {
+        let mut kv = model.new_cache(64);
+        model
+            .forward(&[5, 9, 13, 40, 7], &mut kv, &mut Identity, &pool, want, out)
+            .unwrap();
+    };
+    let mut fresh = Vec::new();
+    run(&mut model, &mut fresh, Logits::Last);
+    // Stale values and a longer length first.
+    let mut reused = vec![f32::NAN; 7 * n_v];
+    run(&mut model, &mut reused, Logits::All);
+    assert_eq!(reused.len(), 5 * n_v);
+    assert_eq!(reused[4 * n_v..], fresh[..]);
+    run(&mut model, &mut reused, Logits::Last);
+    assert_eq!(reused, fresh);
+    let span = |cache, n_tokens| SeqSpan {
+        cache,
+        n_tokens,
+        logits: true,
+    };
+    let mut caches = vec![model.new_cache(64), model.new_cache(64)];
+    let mut batch = vec![f32::NAN; 3 * n_v];
+    model
+        .forward_batch(
+            &[5, 9],
+            &[span(0, 1), span(1, 1)],
+            &mut caches,
+            &mut Identity,
+            &pool,
+            &mut batch,
+        )
+        .unwrap();
+    assert_eq!(batch.len(), 2 * n_v);
+    assert!(batch.iter().all(|v| v.is_finite()));
+    let mut caches = vec![model.new_cache(64)];
+    let mut one = Vec::new();
+    model
+        .forward_batch(
+            &[9],
+            &[span(0, 1)],
+            &mut caches,
+            &mut Identity,
+            &pool,
+            &mut one,
+        )
+        .unwrap();
+    assert_eq!(batch[n_v..], one[..]);
 }
 
 /// A dry run's loader only records what a shard reads.
