@@ -59,6 +59,30 @@ const MLA_V3: Mla = Mla {
     v_dim: 128,
 };
 
+/// Kimi K2, also the base of Kimi K2 Thinking's profile (the same architecture).
+const KIMI_K2: Architecture = Architecture {
+    name: "kimi-k2",
+    title: "Kimi K2 1T",
+    layers: 61,
+    embd: 7168,
+    heads: 64,
+    heads_kv: 64,
+    head_dim: 128,
+    mla: Some(MLA_V3),
+    ffn: 18432,
+    experts: Some(Experts {
+        count: 384,
+        used: 8,
+        ffn: 2048,
+        shared: 1,
+    }),
+    dense_layers: 1,
+    vocab: 163840,
+    tied: false,
+    bits: 4.5,
+    dense_bits: None,
+};
+
 pub const CATALOG: &[Architecture] = &[
     Architecture {
         name: "llama-3.3-70b",
@@ -138,52 +162,16 @@ pub const CATALOG: &[Architecture] = &[
         bits: 4.85,
         dense_bits: None,
     },
-    Architecture {
-        name: "kimi-k2",
-        title: "Kimi K2 1T",
-        layers: 61,
-        embd: 7168,
-        heads: 64,
-        heads_kv: 64,
-        head_dim: 128,
-        mla: Some(MLA_V3),
-        ffn: 18432,
-        experts: Some(Experts {
-            count: 384,
-            used: 8,
-            ffn: 2048,
-            shared: 1,
-        }),
-        dense_layers: 1,
-        vocab: 163840,
-        tied: false,
-        bits: 4.5,
-        dense_bits: None,
-    },
+    KIMI_K2,
     Architecture {
         name: "kimi-k2-thinking",
         title: "Kimi K2 Thinking 1T",
-        layers: 61,
-        embd: 7168,
-        heads: 64,
-        heads_kv: 64,
-        head_dim: 128,
-        mla: Some(MLA_V3),
-        ffn: 18432,
-        experts: Some(Experts {
-            count: 384,
-            used: 8,
-            ffn: 2048,
-            shared: 1,
-        }),
-        dense_layers: 1,
-        vocab: 163840,
-        tied: false,
         // Routed experts in INT4 as shipped, in MLX's affine form (groups of 32 with a
         // bf16 scale and bias: 5 bits a weight, 658 GB in exo's model card); attention,
         // shared experts, the dense layer and the head in BF16.
         bits: 5.0,
         dense_bits: Some(16.0),
+        ..KIMI_K2
     },
     Architecture {
         name: "gpt-oss-120b",

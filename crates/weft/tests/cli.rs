@@ -237,18 +237,14 @@ fn bench_and_perplexity_report_their_keys() {
         ],
         dir.path(),
     ));
-    let bw: Vec<f64> = r["memory_bandwidth_samples_gb_s"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|v| v.as_f64().unwrap())
-        .collect();
-    let tg: Vec<f64> = r["tg_samples"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|v| v.as_f64().unwrap())
-        .collect();
+    let samples = |k: &str| -> Vec<f64> {
+        let a = r[k].as_array().unwrap_or_else(|| panic!("{k} in {r}"));
+        a.iter().map(|v| v.as_f64().unwrap()).collect()
+    };
+    let (bw, tg) = (
+        samples("memory_bandwidth_samples_gb_s"),
+        samples("tg_samples"),
+    );
     assert_eq!((bw.len(), tg.len()), (3, 3), "{r}");
     assert!(bw.iter().all(|&b| b > 0.0), "{r}");
     let bytes = r["bytes_per_token"].as_f64().unwrap();
