@@ -14,9 +14,13 @@ pub fn read_bandwidth(pool: &ThreadPool, bytes: usize, reps: usize) -> f64 {
 
 /// The bandwidth probe's buffer, kept so that the probe can run again and again beside
 /// what it is the ceiling of (a shared machine's bandwidth drifts between moments).
-pub struct ReadProbe {
-    huge: Option<crate::pages::HugeBuf>,
-    vec: Vec<u64>,
+pub struct ReadProbe(Words);
+
+/// The probe's words: in the pages the repacked weights get (`pages`), so the probe and
+/// decode read alike, or on the heap where those cannot be had.
+enum Words {
+    Huge(crate::pages::HugeBuf),
+    Heap(Vec<u64>),
 }
 
 impl ReadProbe {
@@ -24,15 +28,10 @@ impl ReadProbe {
     /// pass can be skipped.
     pub fn new(bytes: usize) -> ReadProbe {
         let words = (bytes / 8).max(1 << 12);
-        // In the pages the repacked weights get (`pages`), so the probe and decode read
-        // alike.
-        let mut probe = ReadProbe {
-            huge: crate::pages::HugeBuf::zeroed(words * 8).ok(),
-            vec: Vec::new(),
-        };
-        if probe.huge.is_none() {
-            probe.vec.resize(words, 0);
-        }
+        let mut probe = ReadProbe(match crate::pages::HugeBuf::zeroed(words * 8) {
+            Ok(b) => Words::Huge(b),
+            Err(_) => Words::Heap(vec![0; words]),
+        });
         for (i, w) in probe.words_mut().iter_mut().enumerate() {
             *w = (i as u64).wrapping_mul(0x9E37_79B9);
         }
@@ -40,19 +39,19 @@ impl ReadProbe {
     }
 
     fn words_mut(&mut self) -> &mut [u64] {
-        match self.huge.as_deref_mut() {
+        match &mut self.0 {
             // SAFETY: any bytes are valid u64s; the buffer is 64-byte aligned, so align_to
             // leaves no head.
-            Some(b) => unsafe { b.align_to_mut::<u64>().1 },
-            None => &mut self.vec,
+            Words::Huge(b) => unsafe { b.align_to_mut::<u64>().1 },
+            Words::Heap(v) => v,
         }
     }
 
     fn words(&self) -> &[u64] {
-        match self.huge.as_deref() {
+        match &self.0 {
             // SAFETY: as in `words_mut`.
-            Some(b) => unsafe { b.align_to::<u64>().1 },
-            None => &self.vec,
+            Words::Huge(b) => unsafe { b.align_to::<u64>().1 },
+            Words::Heap(v) => v,
         }
     }
 
