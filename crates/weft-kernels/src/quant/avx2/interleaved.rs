@@ -23,7 +23,8 @@ use std::ops::Range;
 
 use super::kquant::{dpbusd_acc, madd_acc, EVEX, PLAIN, Q8_K_AB, Q8_K_BSUMS, Q8_K_QS};
 use super::tile::{
-    f16_to_f32, load128, load256, q8_0_quant_sum, read_f32, read_u16, PREFETCH_BYTES,
+    f16_to_f32, fifth_bit, load128, load256, q8_0_quant_sum, read_f32, read_u16, ACT_CHUNK_BYTES,
+    PREFETCH_BYTES,
 };
 use crate::quant::blocks::Q8_0_BYTES;
 use crate::quant::pack::{
@@ -37,9 +38,6 @@ use weft_gguf::GgmlType;
 /// where AVX-512VL gives 32.
 const T_AVX2: usize = 4;
 const T_AVX512: usize = 8;
-/// Activation bytes a token chunk may take, so it stays in L2 while every group of the
-/// range is dotted with it.
-const ACT_CHUNK_BYTES: usize = 192 * 1024;
 /// i32 terms the driver keeps per token chunk (every kernel's `TERMS * MAX_BLOCKS`).
 const TERMS_LEN: usize = 4 * Q4K_MAX_BLOCKS;
 const _: () = assert!(2 * LEGACY_MAX_BLOCKS <= TERMS_LEN);
@@ -407,28 +405,6 @@ trait Levels8 {
         }
         l
     }
-}
-
-/// Bit `v` (0..8) of each byte of a plane of fifth bits, moved to bit 4 and alone there:
-/// what a level vector ORs in. 16-bit shifts: what crosses into the next byte lands below
-/// bit 4 or above it, and the mask drops it. `v` is a constant once the callers' loops
-/// unroll.
-///
-/// # Safety
-/// The CPU runs AVX2 (every driver here is compiled for it).
-#[inline(always)]
-unsafe fn fifth_bit(plane: __m256i, v: usize) -> __m256i {
-    let at4 = match v {
-        0 => _mm256_slli_epi16::<4>(plane),
-        1 => _mm256_slli_epi16::<3>(plane),
-        2 => _mm256_slli_epi16::<2>(plane),
-        3 => _mm256_slli_epi16::<1>(plane),
-        4 => plane,
-        5 => _mm256_srli_epi16::<1>(plane),
-        6 => _mm256_srli_epi16::<2>(plane),
-        _ => _mm256_srli_epi16::<3>(plane),
-    };
-    _mm256_and_si256(at4, _mm256_set1_epi8(0x10))
 }
 
 /// The nibble loads of Q4_0/Q4_1/Q5_0/Q5_1 at `p`: load h gives vectors h (low) and

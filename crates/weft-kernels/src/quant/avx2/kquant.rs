@@ -14,7 +14,9 @@
 
 use std::arch::x86_64::*;
 
-use super::tile::{f16_to_f32, halves_to_f32, hsum_grid, load128, load256, read_u16, Tile};
+use super::tile::{
+    f16_to_f32, fifth_bit, halves_to_f32, hsum_grid, load128, load256, read_u16, Tile,
+};
 
 pub(super) const Q8_K_AB: usize = 292;
 pub(super) const Q8_K_QS: usize = 4;
@@ -98,7 +100,7 @@ pub(super) fn dpbusd_acc<const F: u8>(acc: __m256i, u: __m256i, a: __m256i) -> _
 /// `pshufb` pattern that repeats i16 lane `j` of each 128-bit half (broadcasts scale j).
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-fn pick_i16(j: usize) -> __m256i {
+pub(super) fn pick_i16(j: usize) -> __m256i {
     let lo = (2 * j) as i16;
     _mm256_set1_epi16(lo | ((lo + 1) << 8))
 }
@@ -200,8 +202,18 @@ unsafe fn k4_tile<L: LevelsK, const R: usize, const T: usize, const F: u8>(
                         let qs = acts[t].add(b * Q8_K_AB + Q8_K_QS + 64 * c);
                         let p_lo = _mm256_maddubs_epi16(lo, load256(qs));
                         let p_hi = _mm256_maddubs_epi16(hi, load256(qs.add(32)));
-                        isum[t] = madd_acc::<F>(isum[t], p_lo, s_lo);
-                        isum2[t] = madd_acc::<F>(isum2[t], p_hi, s_hi);
+                        if F == PLAIN {
+                            // One chain: its add has a cycle of latency, and a second
+                            // chain per token would not fit AVX2's sixteen registers.
+                            let s = _mm256_add_epi32(
+                                _mm256_madd_epi16(p_lo, s_lo),
+                                _mm256_madd_epi16(p_hi, s_hi),
+                            );
+                            isum[t] = _mm256_add_epi32(isum[t], s);
+                        } else {
+                            isum[t] = madd_acc::<F>(isum[t], p_lo, s_lo);
+                            isum2[t] = madd_acc::<F>(isum2[t], p_hi, s_hi);
+                        }
                     }
                 }
                 for t in 0..T {
@@ -220,7 +232,7 @@ unsafe fn k4_tile<L: LevelsK, const R: usize, const T: usize, const F: u8>(
 }
 
 /// Level extraction of Q4_K (nibbles) and Q5_K (nibbles plus a fifth bit).
-trait LevelsK {
+pub(super) trait LevelsK {
     const WB: usize;
     /// Whatever the block keeps for all four chunks (Q5_K's qh).
     ///
@@ -272,20 +284,12 @@ impl<const F: u8> LevelsK for Q5K<F> {
     #[target_feature(enable = "avx2,fma,f16c")]
     unsafe fn levels(wp: *const u8, hbits: __m256i, c: usize) -> (__m256i, __m256i) {
         let m4 = _mm256_set1_epi8(0x0F);
-        let sixteen = _mm256_set1_epi8(0x10);
         // SAFETY: qs is bytes 48..176; chunk c is 32 of them.
         let q = unsafe { load256(wp.add(48 + 32 * c)) };
-        // Bit 2c of qh[l] is the fifth bit of value 64c+l, bit 2c+1 that of 64c+32+l.
-        let bit_lo = _mm256_set1_epi8((1u8 << (2 * c)) as i8);
-        let bit_hi = _mm256_set1_epi8((2u8 << (2 * c)) as i8);
-        let h_lo = _mm256_and_si256(
-            _mm256_cmpeq_epi8(_mm256_and_si256(hbits, bit_lo), bit_lo),
-            sixteen,
-        );
-        let h_hi = _mm256_and_si256(
-            _mm256_cmpeq_epi8(_mm256_and_si256(hbits, bit_hi), bit_hi),
-            sixteen,
-        );
+        // Bit 2c of qh[l] is the fifth bit of value 64c+l, bit 2c+1 that of 64c+32+l:
+        // shifted to bit 4 and masked, two operations a vector.
+        // SAFETY: AVX2, as this function.
+        let (h_lo, h_hi) = unsafe { (fifth_bit(hbits, 2 * c), fifth_bit(hbits, 2 * c + 1)) };
         (
             _mm256_or_si256(_mm256_and_si256(q, m4), h_lo),
             _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16::<4>(q), m4), h_hi),
@@ -330,10 +334,48 @@ impl<const F: u8> Tile for Q5K<F> {
 }
 
 /// `pshufb` pattern putting bytes 0, 2, .., 14 first and 1, 3, .., 15 after.
-const EVEN_ODD: __m128i = unsafe {
+pub(super) const EVEN_ODD: __m128i = unsafe {
     // SAFETY: a plain 16-byte value reinterpreted as a vector.
     std::mem::transmute::<[u8; 16], __m128i>([0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15])
 };
+
+/// The levels (0..64, stored +32) of half `h` of a Q6_K block, quarter k being values
+/// `128h + 32k ..+ 32`: a nibble of the low bits and two bits of `qh` as bits 4..6.
+///
+/// # Safety
+/// `wp` points to a readable Q6_K block; h < 2.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn q6k_quarters(wp: *const u8, h: usize) -> [__m256i; 4] {
+    let m4 = _mm256_set1_epi8(0x0F);
+    let m30 = _mm256_set1_epi8(0x30);
+    // SAFETY: ql is bytes 0..128, qh 128..192.
+    let (ql1, ql2, qh) = unsafe {
+        (
+            load256(wp.add(64 * h)),
+            load256(wp.add(64 * h + 32)),
+            load256(wp.add(128 + 32 * h)),
+        )
+    };
+    [
+        _mm256_or_si256(
+            _mm256_and_si256(ql1, m4),
+            _mm256_and_si256(_mm256_slli_epi16::<4>(qh), m30),
+        ),
+        _mm256_or_si256(
+            _mm256_and_si256(ql2, m4),
+            _mm256_and_si256(_mm256_slli_epi16::<2>(qh), m30),
+        ),
+        _mm256_or_si256(
+            _mm256_and_si256(_mm256_srli_epi16::<4>(ql1), m4),
+            _mm256_and_si256(qh, m30),
+        ),
+        _mm256_or_si256(
+            _mm256_and_si256(_mm256_srli_epi16::<4>(ql2), m4),
+            _mm256_and_si256(_mm256_srli_epi16::<2>(qh), m30),
+        ),
+    ]
+}
 
 impl<const F: u8> Tile for Q6K<F> {
     const WB: usize = 210;
@@ -348,8 +390,6 @@ impl<const F: u8> Tile for Q6K<F> {
         nb: usize,
         _as: [*const f32; T],
     ) -> [[f32; T]; R] {
-        let m4 = _mm256_set1_epi8(0x0F);
-        let m30 = _mm256_set1_epi8(0x30);
         let mut acc = [[_mm256_setzero_ps(); T]; R];
         for b in 0..nb {
             for r in 0..R {
@@ -376,30 +416,7 @@ impl<const F: u8> Tile for Q6K<F> {
                         );
                     }
                     for h in 0..2 {
-                        let (ql1, ql2, qh) = (
-                            load256(wp.add(64 * h)),
-                            load256(wp.add(64 * h + 32)),
-                            load256(wp.add(128 + 32 * h)),
-                        );
-                        // Quarter k: a nibble of ql1/ql2, and bits 2k..2k+2 of qh as bits 4..6.
-                        let q = [
-                            _mm256_or_si256(
-                                _mm256_and_si256(ql1, m4),
-                                _mm256_and_si256(_mm256_slli_epi16::<4>(qh), m30),
-                            ),
-                            _mm256_or_si256(
-                                _mm256_and_si256(ql2, m4),
-                                _mm256_and_si256(_mm256_slli_epi16::<2>(qh), m30),
-                            ),
-                            _mm256_or_si256(
-                                _mm256_and_si256(_mm256_srli_epi16::<4>(ql1), m4),
-                                _mm256_and_si256(qh, m30),
-                            ),
-                            _mm256_or_si256(
-                                _mm256_and_si256(_mm256_srli_epi16::<4>(ql2), m4),
-                                _mm256_and_si256(_mm256_srli_epi16::<2>(qh), m30),
-                            ),
-                        ];
+                        let q = q6k_quarters(wp, h);
                         for (k, &qk) in q.iter().enumerate() {
                             let s = _mm256_shuffle_epi8(sc_eo, pick_i16(4 * h + k));
                             for t in 0..T {

@@ -17,6 +17,7 @@ mod act;
 mod float;
 mod interleaved;
 mod kquant;
+mod kquant_rows;
 mod kquant_zmm;
 mod legacy;
 mod peak;
@@ -29,7 +30,7 @@ use weft_gguf::GgmlType;
 
 use super::blocks::Q8_0_BYTES;
 use super::select::{self, Fused, Path};
-use tile::{put, q8_0_quant_sum, scales8, Tile, COLS, PREFETCH_BYTES};
+use tile::{put, q8_0_quant_sum, scales8, Tile, ACT_CHUNK_BYTES, COLS, PREFETCH_BYTES};
 
 pub(super) use act::quantize_act;
 pub(super) use peak::{run as dot_peak_loop, OPS_PER_ITER as DOT_PEAK_OPS_PER_ITER};
@@ -98,9 +99,6 @@ pub(super) fn supports(w: GgmlType) -> bool {
 
 /// f32 activation scales the matmul driver keeps for a token chunk.
 const ACT_SCALES: usize = 8192;
-/// Activation bytes a token chunk may take, so it stays in L2 while every row of the
-/// range is dotted with it.
-const ACT_CHUNK_BYTES: usize = 192 * 1024;
 
 /// The f16 scales of `count` consecutive blocks as f32 into `out` (count rounded up to
 /// 8 long), the padding zero.
@@ -520,14 +518,27 @@ pub(super) unsafe fn matmul(
             (GgmlType::Q4_K, K) => zmm!(kquant_zmm::Q4KZ),
             (GgmlType::Q4_K, V) => tiled!(kquant::Q4K<VEX>, 1),
             (GgmlType::Q4_K, E) => tiled!(kquant::Q4K<EVEX>, 1),
+            (GgmlType::Q4_K, _) if nb <= kquant_rows::MAX_BLOCKS => {
+                kquant_rows::matmul::<kquant_rows::KMin<kquant::Q4K<PLAIN>>>(
+                    nb, weights, rows, acts, m, out, out_stride,
+                )
+            }
             (GgmlType::Q4_K, _) => tiled!(kquant::Q4K<PLAIN>, 1),
             (GgmlType::Q5_K, K) => zmm!(kquant_zmm::Q5KZ),
             (GgmlType::Q5_K, V) => tiled!(kquant::Q5K<VEX>, 1),
             (GgmlType::Q5_K, E) => tiled!(kquant::Q5K<EVEX>, 1),
+            (GgmlType::Q5_K, _) if nb <= kquant_rows::MAX_BLOCKS => {
+                kquant_rows::matmul::<kquant_rows::KMin<kquant::Q5K<PLAIN>>>(
+                    nb, weights, rows, acts, m, out, out_stride,
+                )
+            }
             (GgmlType::Q5_K, _) => tiled!(kquant::Q5K<PLAIN>, 1),
             (GgmlType::Q6_K, K) => zmm!(kquant_zmm::Q6KZ),
             (GgmlType::Q6_K, V) => tiled!(kquant::Q6K<VEX>, 1),
             (GgmlType::Q6_K, E) => tiled!(kquant::Q6K<EVEX>, 1),
+            (GgmlType::Q6_K, _) if nb <= kquant_rows::MAX_BLOCKS => {
+                kquant_rows::matmul::<kquant_rows::Q6K>(nb, weights, rows, acts, m, out, out_stride)
+            }
             (GgmlType::Q6_K, _) => tiled!(kquant::Q6K<PLAIN>, 1),
             (GgmlType::Q8_K | GgmlType::Q4_1 | GgmlType::Q5_1, _) => {
                 unreachable!("{w} rows take the scalar path")

@@ -36,6 +36,9 @@ pub(super) trait Tile {
 /// the stack buffers; rows up to 16384 values of the 32-value formats take one chunk,
 /// longer ones are summed chunk by chunk).
 pub(super) const COLS: usize = 512;
+/// Activation bytes a matmul's token chunk may take, so it stays in L2 while every row
+/// (or group of rows) of the range is dotted with it.
+pub(super) const ACT_CHUNK_BYTES: usize = 192 * 1024;
 /// How far ahead of the decode stream to prefetch (a few rows of the head).
 pub(super) const PREFETCH_BYTES: usize = 2560;
 
@@ -187,4 +190,26 @@ pub(super) fn hsum_grid<const R: usize, const T: usize>(acc: &[[__m256; T]; R]) 
         }
     }
     out
+}
+
+/// Bit `v` (0..8) of each byte of a plane of fifth bits, moved to bit 4 and alone there:
+/// what a level vector ORs in. 16-bit shifts: what crosses into the next byte lands below
+/// bit 4 or above it, and the mask drops it. `v` is a constant once the callers' loops
+/// unroll.
+///
+/// # Safety
+/// The CPU runs AVX2 (every driver here is compiled for it).
+#[inline(always)]
+pub(super) unsafe fn fifth_bit(plane: __m256i, v: usize) -> __m256i {
+    let at4 = match v {
+        0 => _mm256_slli_epi16::<4>(plane),
+        1 => _mm256_slli_epi16::<3>(plane),
+        2 => _mm256_slli_epi16::<2>(plane),
+        3 => _mm256_slli_epi16::<1>(plane),
+        4 => plane,
+        5 => _mm256_srli_epi16::<1>(plane),
+        6 => _mm256_srli_epi16::<2>(plane),
+        _ => _mm256_srli_epi16::<3>(plane),
+    };
+    _mm256_and_si256(at4, _mm256_set1_epi8(0x10))
 }
