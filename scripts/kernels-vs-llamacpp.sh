@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Side by side in one run: weft against llama.cpp on the kernel issue's models: decode
 # (tg32) and prefill (pp128, pp512) at 1 and 2 threads, and 8 sequences of batched decode
-# at 2 threads. Each cell runs both tools back to back. Prints the CPU model first: quote
-# it with the figures. Needs llama.cpp's llama-bench and llama-batched-bench
-# (WEFT_LLAMACPP_DIR) and the models given as arguments (default: the real model).
+# at 2 threads. Each cell runs both tools back to back. Prints the CPU first (name, family
+# and model: "AMD EPYC" names both Zen 3 and Zen 4): quote it with the figures. Needs
+# llama.cpp's llama-bench and llama-batched-bench (WEFT_LLAMACPP_DIR) and the models given
+# as arguments (default: the real model).
 # Usage: scripts/kernels-vs-llamacpp.sh [MODEL.gguf ...]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -12,7 +13,7 @@ cargo build --release --quiet
 W=target/release/weft
 models=("$@")
 [ ${#models[@]} -gt 0 ] || models=("${WEFT_HOME:-$HOME/.cache/weft}/models/gemma-3-270m-q4_k_m.gguf")
-lscpu | grep "Model name"
+lscpu | grep -E "^(Model name|CPU family|Model):"
 "$L/llama-bench" -m "${models[0]}" -p 0 -n 1 -r 1 -t 1 -v 2>&1 | grep -o "AVX512[A-Z_0-9]* = 1" | tr '\n' ' ' || true
 echo
 for m in "${models[@]}"; do
