@@ -12,7 +12,8 @@
 //! - Q8_0 weights are signed, so they use the sign trick (|w| x sign(a, w)), exact even
 //!   for w = -128.
 //!
-//! Decode runs one row with two accumulators; prefill runs one row with four tokens.
+//! Decode runs one row with two accumulators; prefill runs one row with four tokens (eight
+//! for Q5_0 and Q8_0 without VNNI: one accumulator a token leaves room for them).
 
 use std::arch::x86_64::*;
 
