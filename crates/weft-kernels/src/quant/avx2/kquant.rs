@@ -202,18 +202,8 @@ unsafe fn k4_tile<L: LevelsK, const R: usize, const T: usize, const F: u8>(
                         let qs = acts[t].add(b * Q8_K_AB + Q8_K_QS + 64 * c);
                         let p_lo = _mm256_maddubs_epi16(lo, load256(qs));
                         let p_hi = _mm256_maddubs_epi16(hi, load256(qs.add(32)));
-                        if F == PLAIN {
-                            // One chain: its add has a cycle of latency, and a second
-                            // chain per token would not fit AVX2's sixteen registers.
-                            let s = _mm256_add_epi32(
-                                _mm256_madd_epi16(p_lo, s_lo),
-                                _mm256_madd_epi16(p_hi, s_hi),
-                            );
-                            isum[t] = _mm256_add_epi32(isum[t], s);
-                        } else {
-                            isum[t] = madd_acc::<F>(isum[t], p_lo, s_lo);
-                            isum2[t] = madd_acc::<F>(isum2[t], p_hi, s_hi);
-                        }
+                        isum[t] = madd_acc::<F>(isum[t], p_lo, s_lo);
+                        isum2[t] = madd_acc::<F>(isum2[t], p_hi, s_hi);
                     }
                 }
                 for t in 0..T {

@@ -111,13 +111,13 @@ unsafe fn store(p: *mut u8, v: __m256i) {
     unsafe { _mm256_storeu_si256(p.cast(), v) }
 }
 
-/// One unpacked row dotted with `N` activations over `nb` blocks: the same lanes and
-/// float steps as `kquant`'s tiles.
+/// One unpacked row of `U` dotted with `N` activations over `nb` blocks: the same lanes
+/// and float steps as `kquant`'s tiles.
 ///
 /// # Safety
 /// `row` holds `nb` unpacked blocks, each `acts[t]` `nb` Q8_K blocks; AVX2/FMA/F16C.
 #[inline(always)]
-unsafe fn tile<const INT_OFFSET: bool, const N: usize>(
+unsafe fn tile<U: Unpack, const N: usize>(
     row: *const u8,
     acts: [*const u8; N],
     nb: usize,
@@ -128,7 +128,7 @@ unsafe fn tile<const INT_OFFSET: bool, const N: usize>(
         for b in 0..nb {
             let bp = row.add(b * UB);
             let mut isum = [_mm256_setzero_si256(); N];
-            if INT_OFFSET {
+            if U::INT_OFFSET {
                 let sc16 = load256(bp.add(OFF_MINS));
                 for t in 0..N {
                     let bsums = load256(acts[t].add(b * Q8_K_AB + Q8_K_BSUMS));
@@ -148,13 +148,13 @@ unsafe fn tile<const INT_OFFSET: bool, const N: usize>(
                 }
             }
             let d = _mm256_broadcast_ss(&*bp.add(OFF_D).cast::<f32>());
+            let dmin = _mm256_broadcast_ss(&*bp.add(OFF_D + 4).cast::<f32>());
             for t in 0..N {
                 let ap = acts[t].add(b * Q8_K_AB);
-                let v = if INT_OFFSET {
+                let v = if U::INT_OFFSET {
                     _mm256_mul_ps(d, _mm256_cvtepi32_ps(isum[t]))
                 } else {
                     // d * sum(scale * q * a) - dmin * sum(min * bsum).
-                    let dmin = _mm256_broadcast_ss(&*bp.add(OFF_D + 4).cast::<f32>());
                     let msum =
                         _mm256_madd_epi16(load256(bp.add(OFF_MINS)), load256(ap.add(Q8_K_BSUMS)));
                     let m = _mm256_mul_ps(dmin, _mm256_cvtepi32_ps(msum));
@@ -165,26 +165,6 @@ unsafe fn tile<const INT_OFFSET: bool, const N: usize>(
         }
     }
     std::array::from_fn(|t| hsum_ps(acc[t]))
-}
-
-/// [`tile`] with `U`'s offset rule.
-///
-/// # Safety
-/// As [`tile`].
-#[inline(always)]
-unsafe fn tile_of<U: Unpack, const N: usize>(
-    row: *const u8,
-    acts: [*const u8; N],
-    nb: usize,
-) -> [f32; N] {
-    // SAFETY: forwarded from the caller.
-    unsafe {
-        if U::INT_OFFSET {
-            tile::<true, N>(row, acts, nb)
-        } else {
-            tile::<false, N>(row, acts, nb)
-        }
-    }
 }
 
 /// Matmul of rows `rows` of K-format `U` (`nb` super-blocks a row, at most
@@ -232,21 +212,20 @@ pub(super) unsafe fn matmul<U: Unpack>(
             let mut t = t0;
             // SAFETY (tiles): tokens below m, blocks below nb.
             while t + T <= t1 {
-                let v =
-                    unsafe { tile_of::<U, T>(unpacked, std::array::from_fn(|k| act(t + k)), nb) };
+                let v = unsafe { tile::<U, T>(unpacked, std::array::from_fn(|k| act(t + k)), nb) };
                 for (k, x) in v.into_iter().enumerate() {
                     out[(t + k) * out_stride + i] = x;
                 }
                 t += T;
             }
             if t + 2 <= t1 {
-                let v = unsafe { tile_of::<U, 2>(unpacked, [act(t), act(t + 1)], nb) };
+                let v = unsafe { tile::<U, 2>(unpacked, [act(t), act(t + 1)], nb) };
                 out[t * out_stride + i] = v[0];
                 out[(t + 1) * out_stride + i] = v[1];
                 t += 2;
             }
             if t < t1 {
-                let v = unsafe { tile_of::<U, 1>(unpacked, [act(t)], nb) };
+                let v = unsafe { tile::<U, 1>(unpacked, [act(t)], nb) };
                 out[t * out_stride + i] = v[0];
             }
         }
