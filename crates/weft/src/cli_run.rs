@@ -16,8 +16,13 @@ pub struct RunArgs {
     #[arg(long)]
     pub model: Option<PathBuf>,
     /// The prompt text.
-    #[arg(long, short = 'p')]
-    pub prompt: String,
+    #[arg(long, short = 'p', required_unless_present = "prompt_ids")]
+    pub prompt: Option<String>,
+    /// The prompt as token ids, comma-separated, instead of text: exactly this context,
+    /// no tokenizing and no BOS added (e.g. another engine's prompt and tokens, to see
+    /// what weft picks after them).
+    #[arg(long, value_delimiter = ',', conflicts_with = "prompt")]
+    pub prompt_ids: Option<Vec<u32>>,
     #[arg(long, short = 'n', default_value_t = 64)]
     pub max_tokens: usize,
     /// 0 means greedy.
@@ -60,7 +65,7 @@ pub fn run(a: RunArgs) -> Result<()> {
         return run_cluster(&a, &path);
     }
     let (mut engine, load_s) = load_engine(&path, threads, a.ctx, a.layout.cache_type)?;
-    let prompt_ids = engine.tokenizer.encode(&a.prompt, true, true);
+    let prompt_ids = prompt_tokens(&a, &engine.tokenizer)?;
     let req = request(&a, prompt_ids.clone());
     let mut sink = TextSink::new(a.json);
     let g = engine
@@ -84,7 +89,7 @@ fn run_cluster(a: &RunArgs, path: &std::path::Path) -> Result<()> {
     let top_k = 64.max(a.top_k).max(a.logprobs);
     let mut c = crate::cluster_open::open(&a.layout, path, a.ctx, top_k, a.logprobs > 0, 1, None)?;
     let setup_s = t0.elapsed().as_secs_f64();
-    let prompt_ids = c.tokenizer.encode(&a.prompt, true, true);
+    let prompt_ids = prompt_tokens(a, &c.tokenizer)?;
     let req = request(a, prompt_ids.clone());
     let mut sink = TextSink::new(a.json);
     let g = weft_model::generate(&mut c.cluster, &c.tokenizer, &req, &mut |piece| {
@@ -120,6 +125,27 @@ fn run_cluster(a: &RunArgs, path: &std::path::Path) -> Result<()> {
     });
     let what = format!("{} nodes, {}, setup {setup_s:.2}s", c.peers.len(), l.name());
     report(a, &prompt_ids, &g, extra, &what)
+}
+
+/// The prompt's token ids: `--prompt` tokenized (BOS and special tokens as the model's
+/// metadata says), or `--prompt-ids` checked against the vocabulary.
+fn prompt_tokens(a: &RunArgs, tokenizer: &weft_tokenizer::Tokenizer) -> Result<Vec<u32>> {
+    match (&a.prompt, &a.prompt_ids) {
+        (_, Some(ids)) => {
+            let vocab = tokenizer.vocab_size();
+            if ids.is_empty() {
+                anyhow::bail!("--prompt-ids: no token ids given");
+            }
+            if let Some((i, id)) = ids.iter().enumerate().find(|(_, &id)| id as usize >= vocab) {
+                anyhow::bail!(
+                    "--prompt-ids: id {id} (at {i}) is outside the model's vocabulary of {vocab} tokens"
+                );
+            }
+            Ok(ids.clone())
+        }
+        (Some(text), None) => Ok(tokenizer.encode(text, true, true)),
+        (None, None) => anyhow::bail!("give --prompt or --prompt-ids"),
+    }
 }
 
 fn report(

@@ -8,9 +8,8 @@ mod common;
 
 use std::time::Instant;
 
-use common::llamacpp::{
-    compare, llamacpp, other_order_agrees, quantize, synth, word_pairs, LlamaServer, QUANT_TOL,
-};
+use common::llamacpp::{compare, llamacpp, quantize, synth, word_pairs, LlamaServer, QUANT_TOL};
+use common::order_tie::{order_near_tie, Case};
 use common::{
     assert_same_path, greedy, ids, ok_json, real_model, synthetic_llama_q8, weft, GEMMA3_TOL,
     LAYOUTS, SYNTHETIC_TOL,
@@ -65,6 +64,14 @@ fn an_f16_cache_matches_llamacpps_f16_cache() {
     let mut failures = Vec::new();
     for (name, model, tol) in &models {
         let server = LlamaServer::start_with_cache(&bin, model, "f16");
+        let order_case = Case {
+            bin: &bin,
+            model,
+            weft_model: None,
+            f32_twin: None,
+            cache: "f16",
+            weft_flags: &F16,
+        };
         for (label, prompt) in prompts() {
             let run = greedy(model.to_str().unwrap(), &prompt, N, &F16);
             let prompt_ids = ids(&run, "prompt_ids");
@@ -78,14 +85,8 @@ fn an_f16_cache_matches_llamacpps_f16_cache() {
                         .map(|g| format!("  near-tie: llama.cpp's token {g:.3} behind"))
                         .unwrap_or_default()
                 )),
-                // A routed layer's expert choice on a near-tie: weft's other summation
-                // order takes llama.cpp's token (as in deepseek2_llamacpp.rs).
-                Err(e) => match other_order_agrees(model, &prompt, (&run, &llama), (N, *tol), &F16)
-                {
-                    Some(at) => table.push(format!(
-                        "{case:<40} {at:>2}/{N}  routing near-tie: weft's other order \
-                         takes llama.cpp's token"
-                    )),
+                Err(e) => match order_near_tie(&order_case, &run, &llama) {
+                    Some(why) => table.push(format!("{case:<40} order near-tie {why}")),
                     None => {
                         table.push(format!("{case:<40} PARTS"));
                         failures.push(format!("{case}: {e}\n{}", server.log_tail()));

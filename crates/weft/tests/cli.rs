@@ -86,6 +86,59 @@ fn run_json_on_synthetic_models() {
     }
 }
 
+/// `--prompt-ids` runs exactly the ids given: the text prompt's ids, its first generated
+/// tokens appended, continue as the text run did (logprobs to the bit); ids the
+/// vocabulary lacks, an empty list and both prompts at once are refused by name.
+#[test]
+fn prompt_ids_continue_as_the_text_prompt_did() {
+    let dir = tempfile::tempdir().unwrap();
+    let m = synthetic(dir.path(), Arch::Llama, GgmlType::Q8_0);
+    let m = m.to_str().unwrap();
+    let greedy = |prompt: &[&str], n: &str| {
+        let mut args = vec!["run", "--model", m, "-n", n, "--temperature", "0"];
+        args.extend_from_slice(prompt);
+        args.extend(["--json", "--logprobs", "3"]);
+        ok_json(&weft(&args, dir.path()))
+    };
+    let text = greedy(&["--prompt", "the cat sat on the mat"], "8");
+    let list = |v: &Value| -> Vec<String> {
+        v.as_array()
+            .unwrap()
+            .iter()
+            .map(|x| x.to_string())
+            .collect()
+    };
+    let mut context = list(&text["prompt_ids"]);
+    context.extend(list(&text["token_ids"]).into_iter().take(3));
+    let ids = greedy(&["--prompt-ids", &context.join(",")], "5");
+    assert_eq!(ids["prompt_ids"].as_array().unwrap().len(), context.len());
+    assert_eq!(
+        ids["token_ids"].as_array().unwrap()[..],
+        text["token_ids"].as_array().unwrap()[3..]
+    );
+    assert_eq!(
+        ids["top_logprobs"].as_array().unwrap()[..],
+        text["top_logprobs"].as_array().unwrap()[3..]
+    );
+
+    let refused = |args: &[&str]| {
+        let mut all = vec!["run", "--model", m, "-n", "1"];
+        all.extend_from_slice(args);
+        failure(&weft(&all, dir.path()))
+    };
+    let err = refused(&["--prompt-ids", "2,4000000000"]);
+    assert!(
+        err.contains("--prompt-ids") && err.contains("4000000000") && err.contains("vocabulary"),
+        "{err}"
+    );
+    let err = refused(&["--prompt-ids", "2,x"]);
+    assert!(err.contains("--prompt-ids"), "{err}");
+    let err = refused(&["--prompt-ids", "2", "--prompt", "hi"]);
+    assert!(err.contains("--prompt"), "{err}");
+    let err = refused(&[]);
+    assert!(err.contains("--prompt"), "{err}");
+}
+
 #[test]
 fn seeded_sampling_is_reproducible() {
     let dir = tempfile::tempdir().unwrap();

@@ -3,19 +3,19 @@
 //! with sigmoid routing (and its selection bias) and with group-limited softmax routing,
 //! with 1 and 2 leading dense layers, with and without renormalised expert weights, with
 //! YaRN RoPE scaling, in the legacy layout with one attn_kv_b, in F32, F16, Q8_0 and
-//! Q4_K_M, weft's greedy tokens must be llama-server's up to a part at a near-tie,
-//! prompts past 1,000 tokens included;
-//! a model of another seed must fail the same comparison. `weft inspect` and `weft bench`
+//! Q4_K_M, weft's greedy tokens must be llama-server's up to a part at a near-tie (within
+//! the tolerance, or one that another summation order of either engine flips:
+//! `common::order_tie`), prompts past 1,000 tokens included; a model of another seed must
+//! fail the same comparison. `weft inspect` and `weft bench`
 //! must report the MLA cache's bytes per token and the full-KV figure beside it.
 
 mod common;
 
 use std::time::Instant;
 
-use common::llamacpp::{
-    compare, guard_other_seed, llamacpp, other_order_agrees, quant_types, synth, word_pairs,
-    LlamaServer,
-};
+use common::guard::guard_other_seed;
+use common::llamacpp::{compare, llamacpp, quant_types, synth, word_pairs, LlamaServer};
+use common::order_tie::{order_near_tie, Case};
 use common::{greedy, ids, ok_json, weft};
 
 /// Tokens generated per case.
@@ -122,8 +122,10 @@ fn deepseek2_matches_llamacpp() {
         // llama.cpp -0.035 on the first token, both -0.95 with that one tensor
         // dequantized to F32, both -0.04 with every tensor dequantized.
         let files = quant_types(&bin, dir.path(), name, &flags(own), &[]);
+        let f32_file = files[0].1.clone();
         for (ty, model, tol) in files {
             let server = LlamaServer::start(&bin, &model);
+            let order_case = Case::of_type(&bin, &model, ty, &f32_file);
             for (label, prompt) in &prompts {
                 let run = greedy(model.to_str().unwrap(), prompt, N, &[]);
                 let prompt_ids = ids(&run, "prompt_ids");
@@ -144,18 +146,13 @@ fn deepseek2_matches_llamacpp() {
                             .map(|g| format!("  near-tie: llama.cpp's token {g:.3} behind"))
                             .unwrap_or_default()
                     )),
-                    Err(e) => {
-                        match other_order_agrees(&model, prompt, (&run, &llama), (N, tol), &[]) {
-                            Some(at) => table.push(format!(
-                                "{case:<52} {at:>2}/{N}  routing near-tie: weft's other \
-                             summation order (ggml's row layout) takes llama.cpp's token there"
-                            )),
-                            None => {
-                                table.push(format!("{case:<52} PARTS"));
-                                failures.push(format!("{case}: {e}"));
-                            }
+                    Err(e) => match order_near_tie(&order_case, &run, &llama) {
+                        Some(why) => table.push(format!("{case:<52} order near-tie {why}")),
+                        None => {
+                            table.push(format!("{case:<52} PARTS"));
+                            failures.push(format!("{case}: {e}"));
                         }
-                    }
+                    },
                 }
             }
         }

@@ -68,12 +68,17 @@ impl Drop for LlamaServer {
 
 impl LlamaServer {
     pub fn start(bin: &Path, model: &Path) -> Self {
-        Self::start_with_cache(bin, model, "f32")
+        Self::start_with(bin, model, "f32", &[])
     }
 
     /// As `start`, its KV cache's keys and values stored as `cache` ("f32" or "f16"),
     /// flash attention still off.
     pub fn start_with_cache(bin: &Path, model: &Path, cache: &str) -> Self {
+        Self::start_with(bin, model, cache, &[])
+    }
+
+    /// As `start_with_cache`, with `extra` llama-server flags (`--no-repack`).
+    pub fn start_with(bin: &Path, model: &Path, cache: &str, extra: &[&str]) -> Self {
         let port = TcpListener::bind("127.0.0.1:0")
             .unwrap()
             .local_addr()
@@ -90,6 +95,7 @@ impl LlamaServer {
             .args(["--host", "127.0.0.1", "--port", &port.to_string()])
             .args(["-t", "2", "-c", "2048", "-np", "1", "--no-warmup"])
             .args(["-ctk", cache, "-ctv", cache, "-fa", "off"])
+            .args(extra)
             .stdin(Stdio::null())
             .stdout(out.try_clone().unwrap())
             .stderr(out)
@@ -291,81 +297,6 @@ pub fn quant_types(
     ];
     files.extend(more.iter().map(|&ty| quantized(ty)));
     files
-}
-
-/// The guard that shows a comparison can fail: weft on `other` (a model of seed 43) must
-/// part from llama-server on `reference` (seed 42) beyond the loosest tolerance, on every
-/// prompt. Returns the table rows (labels padded to `width`) and the failures.
-pub fn guard_other_seed(
-    bin: &Path,
-    reference: &Path,
-    other: &Path,
-    prompts: &[(&'static str, String)],
-    n: usize,
-    width: usize,
-) -> (Vec<String>, Vec<String>) {
-    let (mut table, mut failures) = (Vec::new(), Vec::new());
-    let server = LlamaServer::start(bin, reference);
-    for (label, prompt) in prompts {
-        let run = super::greedy(other.to_str().unwrap(), prompt, n, &[]);
-        let llama = server.greedy(&ids(&run, "prompt_ids"), n);
-        match compare(&run, &llama, QUANT_TOL) {
-            Ok(a) => failures.push(format!(
-                "guard {label}: weft on seed 43 passed as llama.cpp on seed 42 ({} equal tokens)",
-                a.prefix
-            )),
-            Err(e) => {
-                let case = format!("guard: seed 43 vs 42, {label}");
-                let why = e.lines().next().unwrap_or_default();
-                table.push(format!("{case:<width$} fails as it must: {why}"));
-            }
-        }
-    }
-    (table, failures)
-}
-
-/// Where weft's path parts from llama.cpp's beyond the near-tie tolerance on a quantized
-/// model, weft itself may part there when only its summation order changes: a routed
-/// layer's expert choice can hang on a near-tie between expert groups, and a flipped
-/// choice moves the logits by more than the activation rounding does. The part is a
-/// near-tie when weft run in ggml's row layout (`WEFT_KERNELS_NO_PACK=1`, another order),
-/// with the same `extra` flags, takes llama.cpp's token at that position; returns the
-/// position. `n` tokens are generated, as in `run`.
-pub fn other_order_agrees(
-    model: &Path,
-    prompt: &str,
-    (run, llama): (&Value, &[u64]),
-    (n, tol): (usize, f64),
-    extra: &[&str],
-) -> Option<usize> {
-    if tol == super::SYNTHETIC_TOL {
-        return None;
-    }
-    let at = ids(run, "token_ids")
-        .iter()
-        .zip(llama)
-        .take_while(|(a, b)| a == b)
-        .count();
-    let n = n.to_string();
-    let out = Command::new(env!("CARGO_BIN_EXE_weft"))
-        .env("WEFT_KERNELS_NO_PACK", "1")
-        .args([
-            "run",
-            "--model",
-            model.to_str()?,
-            "--prompt",
-            prompt,
-            "-n",
-            &n,
-        ])
-        .args(["--temperature", "0", "--json", "--logprobs", "5"])
-        .args(extra)
-        .output()
-        .ok()?;
-    let other = super::ok_json(&out);
-    let other_ids = ids(&other, "token_ids");
-    let agrees = other_ids.len() > at && other_ids[..=at] == llama[..=at];
-    agrees.then_some(at)
 }
 
 /// A long prompt of `count` word pairs taken from `pairs` in turn, spaces between: the

@@ -8,7 +8,9 @@ use std::process::{Child, Command, Output, Stdio};
 
 use serde_json::Value;
 
+pub mod guard;
 pub mod llamacpp;
+pub mod order_tie;
 pub mod server;
 
 /// How far one token's logprob moves on Gemma 3 270M when only the summation order
