@@ -55,8 +55,8 @@ impl<'a> Case<'a> {
 /// weft's other summation orders: ggml's row layout where the CPU has an interleaved
 /// one, and the scalar kernels.
 const WEFT_ORDERS: [(&str, &str); 2] = [
-    ("WEFT_KERNELS_NO_PACK", "ggml's row layout"),
-    ("WEFT_KERNELS_SCALAR", "scalar kernels"),
+    ("WEFT_KERNELS_NO_PACK", "in ggml's row layout"),
+    ("WEFT_KERNELS_SCALAR", "on its scalar kernels"),
 ];
 
 /// Where `run` (weft) and `llama` part, the first other order of either engine that takes
@@ -77,7 +77,7 @@ pub fn order_near_tie(case: &Case, run: &Value, llama: &[u64]) -> Option<String>
     for (var, what) in WEFT_ORDERS {
         if weft_next(case, &context, var) == Some(llama_token) {
             return Some(format!(
-                "at {at}: weft's {what} take llama.cpp's token {llama_token}"
+                "at {at}: weft {what} takes llama.cpp's token {llama_token}"
             ));
         }
     }
