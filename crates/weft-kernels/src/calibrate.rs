@@ -10,6 +10,7 @@ use serde::{Deserialize, Serialize};
 use weft_gguf::GgmlType;
 
 use crate::choose::{self, SendOut};
+use crate::pages::{HugeBuf, StreamBuf};
 use crate::quant::{self, select::Shape};
 use crate::ThreadPool;
 
@@ -51,8 +52,8 @@ pub const MEASURED: [GgmlType; 11] = GgmlType::WEIGHT_TYPES;
 /// weights (pick several times the last-level cache), matrix by matrix as a forward pass
 /// reads them, at the common and the short row width; prefill on a cache-sized matrix.
 pub fn measure(pool: &ThreadPool, decode_bytes: usize) -> Vec<TypeRate> {
-    let mut stream = vec![0u8; decode_bytes];
-    let mut small = vec![0u8; (decode_bytes / 32).max(1 << 16)];
+    let mut stream = StreamBuf::zeroed(decode_bytes);
+    let mut small = StreamBuf::zeroed((decode_bytes / 32).max(1 << 16));
     let mut rate = |ty: GgmlType, shape: Shape| {
         let buf = if shape == Shape::Prefill {
             &mut small
@@ -83,7 +84,7 @@ pub const SPOT_CHECKED: [GgmlType; 2] = [GgmlType::Q8_0, GgmlType::Q4_K];
 /// returned (None: a type missing from `cached`). Well under a second, against
 /// several for `measure`.
 pub fn spot_check(pool: &ThreadPool, decode_bytes: usize, cached: &[TypeRate]) -> Option<f64> {
-    let mut stream = vec![0u8; decode_bytes];
+    let mut stream = StreamBuf::zeroed(decode_bytes);
     let mut worst: Option<f64> = None;
     for ty in SPOT_CHECKED {
         let then = rate_of(cached, ty)?.decode_bytes_per_s;
@@ -116,17 +117,19 @@ pub fn measure_decode_together(
     window: f64,
 ) -> Vec<TypeRate> {
     const N: usize = 2048;
-    type Built = (GgmlType, Vec<u8>, usize, Vec<u8>, Option<Vec<u8>>);
+    type Built = (GgmlType, StreamBuf, usize, Vec<u8>, Option<HugeBuf>);
     let built: Vec<Built> = MEASURED
         .iter()
         .map(|&ty| {
-            let mut w = vec![0u8; decode_bytes];
+            let mut w = StreamBuf::zeroed(decode_bytes);
             let rows = choose::fill_matrix(ty, N, &mut w);
             let x: Vec<f32> = (0..N).map(|i| (i as f32 * 0.01).sin()).collect();
             let mut a = vec![0u8; quant::act_bytes(ty, N)];
             quant::quantize_act(ty, &x, &mut a);
             // The layout a model's dense layers run: interleaved where they are.
-            let packed = quant::packs(ty, N).then(|| quant::pack_rows(ty, N, &w, rows));
+            let packed = quant::packs(ty, N)
+                .then(|| quant::pack_rows_huge(ty, N, &w, rows).ok())
+                .flatten();
             (ty, w, rows, a, packed)
         })
         .collect();

@@ -18,12 +18,13 @@ use weft_gguf::GgmlType;
 
 use crate::choose_tiles::{time_tiles, TilesChoice};
 use crate::grid;
+use crate::pages::StreamBuf;
 use crate::quant::select::{self, Path, Shape};
 use crate::quant::{self};
 use crate::{roofline, ThreadPool};
 
 /// Bumped whenever a kernel changes, so timings cached under an older one are retaken.
-pub const REVISION: u32 = 17;
+pub const REVISION: u32 = 18;
 
 /// The environment switches that change which candidates a CPU offers: a report timed
 /// under one setting must not be put in force under another (the cache keys by them).
@@ -276,7 +277,7 @@ fn time_each(
         None => Vec::new(),
     };
     let rows_layout = variants.iter().any(|v| matches!(v, Variant::Rows(_)));
-    let mut own = Vec::new();
+    let mut own = StreamBuf::Heap(Vec::new());
     if !group.is_empty() {
         let groups = if rows_layout {
             rows.div_ceil(8)
@@ -287,7 +288,7 @@ fn time_each(
             return Vec::new();
         }
         let dst: &mut [u8] = if rows_layout {
-            own.resize(groups * group.len(), 0);
+            own = StreamBuf::zeroed(groups * group.len());
             &mut own
         } else {
             rows = groups * 8;
@@ -414,8 +415,8 @@ fn fastest_or_guess(timed: &[Timed]) -> Option<Path> {
 /// fastest paths in force.
 pub fn choose(pool: &ThreadPool, b: Budget) -> Report {
     let mut choices = Vec::new();
-    let mut stream = vec![0u8; b.stream_bytes];
-    let mut small = vec![0u8; b.prefill_bytes];
+    let mut stream = StreamBuf::zeroed(b.stream_bytes);
+    let mut small = StreamBuf::zeroed(b.prefill_bytes);
     for ty in GgmlType::WEIGHT_TYPES {
         for shape in Shape::ALL {
             let buf = if shape == Shape::Prefill {

@@ -1,7 +1,8 @@
-//! Zeroed memory for the weights repacked at load and for the bandwidth probe: carved one
-//! after another from large anonymous slabs advised as transparent huge pages before
-//! their first touch. Decode reads every weight byte once a token, in the order the
-//! loader packed them, so it streams one run of memory in 2 MiB pages; on a Zen 4 VM,
+//! Zeroed memory for the weights a loader copies (repacked or in ggml's rows), for the
+//! bandwidth probe and for the matrices kernels are timed on: carved one after another
+//! from large anonymous slabs advised as transparent huge pages before their first touch.
+//! Decode reads every weight byte once a token, in the order the loader copied them, so
+//! it streams one run of memory in 2 MiB pages; on a Zen 4 VM,
 //! separate 4 KiB-page buffers streamed 15-20 % slower (a TLB miss a page, in the guest
 //! and the host) and a stack of separate buffers another 8-12 % below one run.
 //! Hand-written over `mmap` and `madvise` because the slab must be 2 MiB-aligned and
@@ -180,6 +181,38 @@ impl Drop for HugeBuf {
     }
 }
 
+/// Zeroed bytes of the kind decode streams, for timing kernels on: a [`HugeBuf`], or a
+/// heap buffer where no mapping can be had (4 KiB pages, as a refused advice gives too).
+pub enum StreamBuf {
+    Huge(HugeBuf),
+    Heap(Vec<u8>),
+}
+
+impl StreamBuf {
+    pub fn zeroed(len: usize) -> StreamBuf {
+        HugeBuf::zeroed(len).map_or_else(|_| StreamBuf::Heap(vec![0; len]), StreamBuf::Huge)
+    }
+}
+
+impl Deref for StreamBuf {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        match self {
+            StreamBuf::Huge(b) => b,
+            StreamBuf::Heap(v) => v,
+        }
+    }
+}
+
+impl DerefMut for StreamBuf {
+    fn deref_mut(&mut self) -> &mut [u8] {
+        match self {
+            StreamBuf::Huge(b) => b,
+            StreamBuf::Heap(v) => v,
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -221,5 +254,16 @@ mod tests {
             HugeBuf::zeroed(usize::MAX - 10).is_err(),
             "too large is an error"
         );
+    }
+
+    #[test]
+    fn a_stream_buffer_is_zeroed_writable_and_of_its_length() {
+        for len in [0usize, 5, 3 * HUGE_PAGE + 7] {
+            let mut b = StreamBuf::zeroed(len);
+            assert_eq!(b.len(), len);
+            assert!(b.iter().all(|&x| x == 0), "len {len}: zeroed");
+            b.fill(7);
+            assert!(b.iter().all(|&x| x == 7), "len {len}: kept its bytes");
+        }
     }
 }

@@ -256,7 +256,7 @@ impl MoeFfn {
         // then stays cut at groups: both widths whole groups.
         let group = quant::pack::GROUP_ROWS;
         let pack = cols.len().is_multiple_of(group) && e.is_multiple_of(group);
-        let laid = |l: Linear| if pack { l.interleaved(f) } else { l };
+        let laid = |l: Linear| if pack { l.settled(f) } else { l };
         let experts = load_experts(shard.experts.clone(), &|x| {
             Ok(Expert {
                 gate: laid(Linear::load_expert_rows(

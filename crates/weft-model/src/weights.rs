@@ -1,5 +1,6 @@
-//! Weight tensors of one shard: linear layers that borrow their rows from the mmap, own
-//! copied column blocks, or own their rows interleaved for this CPU's kernels; norm
+//! Weight tensors of one shard: linear layers whose rows (a byte range of the mmap, or
+//! copied column blocks) are copied once more at load into huge pages, interleaved for
+//! this CPU's kernels or in ggml's layout (a dry run keeps them where they are); norm
 //! vectors, and the token embedding.
 
 use std::ops::Range;
@@ -27,8 +28,10 @@ enum Bytes {
         range: Range<usize>,
     },
     Owned(Vec<u8>),
-    /// Rows interleaved for this CPU's kernels (`quant::pack`), copied at load into huge
-    /// pages where the kernel gives them (`weft_kernels::pages`).
+    /// Rows in ggml's layout, copied at load into huge pages where the kernel gives them
+    /// (`weft_kernels::pages`).
+    Rows(HugeBuf),
+    /// Rows interleaved for this CPU's kernels (`quant::pack`), copied alike.
     Packed(HugeBuf),
 }
 
@@ -103,7 +106,7 @@ impl Linear {
             },
             bias,
         }
-        .interleaved(file))
+        .settled(file))
     }
 
     /// Rows `rows` of a `[n_in, n_out]` weight dequantized to f32, and transposed (`n_in`
@@ -144,29 +147,46 @@ impl Linear {
         })
     }
 
-    /// The layer with its rows interleaved where this CPU's kernels read them faster so
-    /// (`quant::packs`): prefill runs about twice as fast on Q4_K. The mapped pages it
-    /// copied are released, so the shard's memory does not double. A dry run's `file`
-    /// (`GgufFile::records_only`) keeps ggml's layout: its bytes are placeholders, and
-    /// packing them would cost a whole shard's memory and time before the fetch (its
-    /// weight bytes then count ggml's size, 2.8 % under the packed size for Q4_K).
-    pub(crate) fn interleaved(mut self, file: &GgufFile) -> Self {
-        if !quant::packs(self.ty, self.n_in) || file.records_only() {
+    /// The layer in the memory decode streams best, copied once at load: its rows
+    /// interleaved where this CPU's kernels read them faster so (`quant::packs`: prefill
+    /// about twice as fast on Q4_K), else ggml's rows as they are; either way in huge pages
+    /// where the kernel gives them (`weft_kernels::pages`), one run in load order. A Q8_0
+    /// head streamed 27 % faster so than from the file's 4 KiB pages (AMD Zen 3, `kbench`
+    /// dram against huge: 10.7 -> 13.6 GB/s). The mapped pages it copied are released, so
+    /// the shard's memory does not double. A dry run's `file` (`GgufFile::records_only`)
+    /// keeps the mapping: its bytes are placeholders, and copying them would cost a whole
+    /// shard's memory and time before the fetch (its weight bytes then count ggml's size,
+    /// 2.8 % under the packed size for Q4_K).
+    pub(crate) fn settled(mut self, file: &GgufFile) -> Self {
+        if file.records_only() {
             return self;
         }
-        let packed = match quant::pack_rows_huge(self.ty, self.n_in, self.bytes(), self.n_out) {
-            Ok(p) => p,
+        let pack = quant::packs(self.ty, self.n_in);
+        let copied = if pack {
+            quant::pack_rows_huge(self.ty, self.n_in, self.bytes(), self.n_out)
+        } else {
+            HugeBuf::zeroed(self.n_bytes()).map(|mut b| {
+                b.copy_from_slice(self.bytes());
+                b
+            })
+        };
+        let copied = match copied {
+            Ok(c) => c,
             Err(e) => {
-                // No memory for the copy: the rows stay in ggml's layout, which the
-                // row kernels read as well.
-                tracing::warn!("{}: rows not interleaved: {e}", self.name);
+                // No memory for the copy: the rows stay where they are, in ggml's layout,
+                // which the row kernels read as well.
+                tracing::warn!("{}: rows left in place: {e}", self.name);
                 return self;
             }
         };
         if let Bytes::Mapped { file, range } = &self.bytes {
             file.release(range.clone());
         }
-        self.bytes = Bytes::Packed(packed);
+        self.bytes = if pack {
+            Bytes::Packed(copied)
+        } else {
+            Bytes::Rows(copied)
+        };
         self
     }
 
@@ -202,7 +222,7 @@ impl Linear {
             bytes: Bytes::Owned(data),
             bias,
         }
-        .interleaved(file))
+        .settled(file))
     }
 
     /// Rows `rows` of expert `expert` in a stacked `[n_in, n_out, n_expert]` tensor
@@ -263,7 +283,7 @@ impl Linear {
         match &self.bytes {
             Bytes::Mapped { file, range } => file.slice(range.clone()),
             Bytes::Owned(v) => v,
-            Bytes::Packed(v) => v,
+            Bytes::Rows(v) | Bytes::Packed(v) => v,
         }
     }
 
@@ -276,7 +296,7 @@ impl Linear {
         match &self.bytes {
             Bytes::Mapped { range, .. } => range.len(),
             Bytes::Owned(v) => v.len(),
-            Bytes::Packed(v) => v.len(),
+            Bytes::Rows(v) | Bytes::Packed(v) => v.len(),
         }
     }
 

@@ -326,27 +326,45 @@ pub fn matmul_on(
 }
 
 /// The path interleaved rows take on this CPU: a VNNI form (256-bit, AVX-512's encoding
-/// first), or None where the CPU has none or `WEFT_KERNELS_NO_PACK` is set. Decided once
-/// per process, as the layout is: rows packed at load must find their kernel later.
+/// first), else AVX2's `maddubs` + `madd`; None where the SIMD kernels do not run or
+/// `WEFT_KERNELS_NO_PACK` is set. Decided once per process, as the layout is: rows
+/// packed at load must find their kernel later.
 pub fn packed_path() -> Option<Path> {
     static PATH: std::sync::OnceLock<Option<Path>> = std::sync::OnceLock::new();
     *PATH.get_or_init(|| {
         if std::env::var_os("WEFT_KERNELS_NO_PACK").is_some_and(|v| v != "0") {
             return None;
         }
-        select::vnni_form().map(|fused| Path {
-            fused,
+        let plain = Path {
+            fused: select::Fused::Avx2,
             prefetch: false,
-        })
+        };
+        select::vnni_form()
+            .map(|fused| Path {
+                fused,
+                prefetch: false,
+            })
+            .or_else(|| select::runnable(plain).then_some(plain))
     })
+}
+
+/// [`packed_path`] where its form runs interleaved rows of `w` (`select::interleaves`:
+/// AVX2's alone does not run Q8_0's).
+pub fn packed_form(w: GgmlType) -> Option<Path> {
+    packed_path().filter(|p| select::interleaves(p.fused, w))
 }
 
 /// Whether weights of type `w` in rows of `n` values are best kept interleaved
 /// ([`pack`]) on this CPU: Q4_K, Q5_K, Q6_K, Q4_0, Q4_1, Q5_0, Q5_1 and Q8_0 where a VNNI
-/// form runs. A loader that packs calls [`pack_rows`] once and then [`matvec_packed`] /
+/// form runs; Q4_K, Q4_0, Q4_1, Q5_0 and Q5_1 where AVX2 alone does
+/// (`select::worth_interleaving`). Measured on AMD Zen 3, interleaved against ggml's rows
+/// at one thread (`kbench`): Q4_K decode from cache 21-26 GB/s against 12-16 (a
+/// super-block's scales and float steps serve eight rows), from memory 16.0 against 14.5
+/// (`weft bench --kernels`); prefill m=64 +13-33 % on Q4_K, twice as fast on Q5_0. A
+/// loader that packs calls [`pack_rows`] once and then [`matvec_packed`] /
 /// [`matmul_packed`].
 pub fn packs(w: GgmlType, n: usize) -> bool {
-    pack::packable(w, n) && packed_path().is_some()
+    pack::packable(w, n) && packed_form(w).is_some_and(|p| select::worth_interleaving(p.fused, w))
 }
 
 /// `n_rows` rows of `n` values of type `w` (ggml's layout, consecutive) interleaved for
@@ -441,10 +459,10 @@ pub fn matmul_packed_on(
     if !check_matmul_io("matmul_packed", io.0, io.1, io.2) {
         return;
     }
-    match (isa(), packed_path()) {
+    match (isa(), packed_form(w)) {
         #[cfg(target_arch = "x86_64")]
-        // SAFETY: AVX2/FMA/F16C were detected and the path is runnable; every length was
-        // checked above.
+        // SAFETY: AVX2/FMA/F16C were detected and the path is runnable on `w`; every
+        // length was checked above.
         (Isa::Avx2, Some(p)) => unsafe {
             avx2::matmul_packed(
                 p.fused, prefetch, w, n, packed, rows, acts, m, out, out_stride,

@@ -964,11 +964,11 @@ fn interleaved_rows_match_scalar_and_a_token_alone() {
                             );
                         }
                     }
-                    // Every SIMD form gives the bits of the one in force; where the CPU
-                    // has no VNNI, none is (the rows go back to the scalar dot), and the
-                    // forms must agree with the first that runs.
+                    // Every SIMD form gives the bits of the one in force; where none runs
+                    // this type (Q8_0 without VNNI: the rows go back to the scalar dot),
+                    // the forms must agree with the first that runs.
                     #[cfg(target_arch = "x86_64")]
-                    let mut reference = crate::quant::packed_path().map(|_| out.clone());
+                    let mut reference = crate::quant::packed_form(w).map(|_| out.clone());
                     #[cfg(target_arch = "x86_64")]
                     for fused in [
                         select::Fused::Avx2,
@@ -979,10 +979,8 @@ fn interleaved_rows_match_scalar_and_a_token_alone() {
                             fused,
                             prefetch: false,
                         };
-                        // maddubs saturates on Q8_0's levels (0..256), so that form is
-                        // never offered for it.
-                        if !select::runnable(path) || (w == G::Q8_0 && fused == select::Fused::Avx2)
-                        {
+                        // maddubs saturates on Q8_0's levels (0..256): `interleaves`.
+                        if !select::runnable(path) || !select::interleaves(fused, w) {
                             continue;
                         }
                         // With software prefetch and without: the same bits.

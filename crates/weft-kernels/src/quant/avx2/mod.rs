@@ -576,7 +576,7 @@ pub(super) unsafe fn matmul_packed(
     out_stride: usize,
 ) {
     use kquant::{PLAIN, VEX};
-    debug_assert!(!(fused == Fused::Avx2 && w == GgmlType::Q8_0));
+    debug_assert!(select::interleaves(fused, w));
     // SAFETY: forwarded from the caller.
     unsafe {
         match fused {
