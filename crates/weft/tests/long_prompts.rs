@@ -16,18 +16,10 @@ use weft_model::Arch;
 
 use common::{
     assert_same_path, ids, ok_json, real_model, run_on_peers, start_node, synthetic_llama_q8, weft,
-    Kill, GEMMA3_TOL, LAYOUTS, SYNTHETIC_TOL,
+    Kill, GEMMA3_TOL, LAYOUTS, SYNTHETIC_TOL, TOP_LOGPROBS,
 };
 
 /// A strong cluster secret for the nodes these tests start.
-/// The near-tie allowance after a prompt of thousands of tokens on Gemma 3 270M: the KV
-/// cache carries the 8-bit activation flips of every earlier position, so the drift is
-/// larger than `GEMMA3_TOL` allows a short prompt. Measured on the ~3,800-token prompt
-/// below: one node and TP=4 differ by 0.13-0.17 at the 6th token with the per-position
-/// attention loop, and part at a 0.35 tie there with the blocked one (a top-two gap of
-/// 0.044 in the cluster's own logprobs: the continuation is flat, its top logprobs near -3).
-const GEMMA3_LONG_TOL: f64 = 0.4;
-
 const SECRET: &str = "5f0c9a1e7b3d48e2a6c1f9b0d7e4a3c28b6f1e0d9c7a5b3e2f1d0c9b8a7e6f5d";
 
 /// A long English-like prompt: sentences drawn from a fixed word list by a seeded
@@ -67,6 +59,7 @@ fn long_text(words: usize, seed: u64) -> String {
 
 /// Greedy continuation of `prompt` with top logprobs and a context that holds it.
 fn greedy_long(model: &str, prompt: &str, layout: &[&str]) -> Value {
+    let top = TOP_LOGPROBS.to_string();
     let mut args = vec![
         "run",
         "--model",
@@ -79,7 +72,7 @@ fn greedy_long(model: &str, prompt: &str, layout: &[&str]) -> Value {
         "0",
         "--json",
         "--logprobs",
-        "5",
+        &top,
         "--ctx",
         "4608",
     ];
@@ -126,7 +119,10 @@ fn long_prompts_on_every_layout_match_one_node_on_gemma3() {
     let Some(m) = real_model() else { return };
     let m = m.to_str().unwrap();
     every_layout_on(m, "gemma3", 880, 1000, GEMMA3_TOL);
-    every_layout_on(m, "gemma3", 3500, 4000, GEMMA3_LONG_TOL);
+    // After thousands of tokens the KV cache carries the flips of every earlier position:
+    // measured on the ~3,800-token prompt, one node and TP=4 differed by 0.13-0.17 at the
+    // 6th token, and parted at a 0.35 tie with blocked attention; within `GEMMA3_TOL`.
+    every_layout_on(m, "gemma3", 3500, 4000, GEMMA3_TOL);
 }
 
 /// Starts `weft run` over two running nodes (TP=2) with a prompt whose prefill takes

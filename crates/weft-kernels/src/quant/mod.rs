@@ -326,22 +326,25 @@ pub fn matmul_on(
 }
 
 /// The path interleaved rows take on this CPU: a VNNI form (256-bit, AVX-512's encoding
-/// first), or None where the CPU has none or `WEFT_KERNELS_NO_PACK` is set. Decided once
-/// per process, as the layout is: rows packed at load must find their kernel later.
-/// AVX2's own interleaved form runs too (the tests compare it), but is not the layout
-/// where AVX2 runs alone: on AMD Zen 3 it sped Q4_K up (decode from cache 21-26 against
-/// 12-16 GB/s, prefill +13-33 %) but moved Gemma 3's tensor-parallel greedy path off the
-/// one-node path by more than the cluster tests allow, which is not yet understood.
+/// first), else AVX2's `maddubs` + `madd`; None where the SIMD kernels do not run or
+/// `WEFT_KERNELS_NO_PACK` is set. Decided once per process, as the layout is: rows
+/// packed at load must find their kernel later.
 pub fn packed_path() -> Option<Path> {
     static PATH: std::sync::OnceLock<Option<Path>> = std::sync::OnceLock::new();
     *PATH.get_or_init(|| {
         if std::env::var_os("WEFT_KERNELS_NO_PACK").is_some_and(|v| v != "0") {
             return None;
         }
-        select::vnni_form().map(|fused| Path {
-            fused,
+        let plain = Path {
+            fused: select::Fused::Avx2,
             prefetch: false,
-        })
+        };
+        select::vnni_form()
+            .map(|fused| Path {
+                fused,
+                prefetch: false,
+            })
+            .or_else(|| select::runnable(plain).then_some(plain))
     })
 }
 
@@ -353,10 +356,15 @@ pub fn packed_form(w: GgmlType) -> Option<Path> {
 
 /// Whether weights of type `w` in rows of `n` values are best kept interleaved
 /// ([`pack`]) on this CPU: Q4_K, Q5_K, Q6_K, Q4_0, Q4_1, Q5_0, Q5_1 and Q8_0 where a VNNI
-/// form runs. A loader that packs calls [`pack_rows`] once and then [`matvec_packed`] /
+/// form runs; Q4_K, Q4_0, Q4_1, Q5_0 and Q5_1 where AVX2 alone does
+/// (`select::worth_interleaving`). Measured on AMD Zen 3, interleaved against ggml's rows
+/// at one thread (`kbench`): Q4_K decode from cache 21-26 GB/s against 12-16 (a
+/// super-block's scales and float steps serve eight rows), from memory 16.0 against 14.5
+/// (`weft bench --kernels`); prefill m=64 +13-33 % on Q4_K, twice as fast on Q5_0. A
+/// loader that packs calls [`pack_rows`] once and then [`matvec_packed`] /
 /// [`matmul_packed`].
 pub fn packs(w: GgmlType, n: usize) -> bool {
-    pack::packable(w, n) && packed_form(w).is_some()
+    pack::packable(w, n) && packed_form(w).is_some_and(|p| select::worth_interleaving(p.fused, w))
 }
 
 /// `n_rows` rows of `n` values of type `w` (ggml's layout, consecutive) interleaved for

@@ -227,6 +227,16 @@ pub fn interleaves(fused: Fused, w: GgmlType) -> bool {
     !(fused == Fused::Avx2 && w == GgmlType::Q8_0)
 }
 
+/// Whether rows of `w` are worth interleaving where `fused` is the interleaved form (given
+/// it runs them, [`interleaves`]): always with a VNNI form; with AVX2's alone, not for
+/// Q5_K and Q6_K, whose interleaved decode without `vpdpbusd` streamed slower than their
+/// row kernels on AMD Zen 3 (`weft bench --kernels`, 1 thread: Q6_K 12.3 against 14.8
+/// GB/s, Q5_K 5.6-6.5 against 7.2-8.3 in a slower moment), while Q4_K, Q4_0 and Q5_0 were
+/// faster interleaved at every shape (Q4_1 and Q5_1 have no row kernels at all).
+pub fn worth_interleaving(fused: Fused, w: GgmlType) -> bool {
+    fused != Fused::Avx2 || !matches!(w, GgmlType::Q5_K | GgmlType::Q6_K)
+}
+
 /// The 256-bit VNNI form this CPU runs, AVX-512's encoding first (it has 32 registers):
 /// the form of the interleaved kernels and of `roofline`'s integer peak. None where
 /// neither runs.

@@ -166,11 +166,12 @@ pub fn complete(s: &Server, prompt: &str) -> Value {
     complete_n(s, prompt, 16)
 }
 
-/// Greedy completion of `prompt`, `n` tokens, with the top five logprobs of each.
+/// Greedy completion of `prompt`, `n` tokens, with the top [`super::TOP_LOGPROBS`]
+/// logprobs of each.
 pub fn complete_n(s: &Server, prompt: &str, n: usize) -> Value {
     let body = serde_json::json!({
         "model": "gemma-3-270m-q4_k_m", "prompt": prompt, "max_tokens": n,
-        "temperature": 0, "logprobs": 5,
+        "temperature": 0, "logprobs": super::TOP_LOGPROBS,
     });
     post(s, "/v1/completions", &body)
 }
