@@ -4,6 +4,7 @@
 
 use std::time::Instant;
 
+use crate::pages::StreamBuf;
 use crate::ThreadPool;
 
 /// Bytes per second the pool's threads read from a buffer of `bytes` (make it several
@@ -13,25 +14,17 @@ pub fn read_bandwidth(pool: &ThreadPool, bytes: usize, reps: usize) -> f64 {
 }
 
 /// The bandwidth probe's buffer, kept so that the probe can run again and again beside
-/// what it is the ceiling of (a shared machine's bandwidth drifts between moments).
-pub struct ReadProbe(Words);
-
-/// The probe's words: in the pages the repacked weights get (`pages`), so the probe and
-/// decode read alike, or on the heap where those cannot be had.
-enum Words {
-    Huge(crate::pages::HugeBuf),
-    Heap(Vec<u64>),
-}
+/// what it is the ceiling of (a shared machine's bandwidth drifts between moments). It
+/// lies in the pages the loaded weights get ([`StreamBuf`]), so the probe and decode read
+/// alike.
+pub struct ReadProbe(StreamBuf);
 
 impl ReadProbe {
     /// A probe over `bytes` (at least 32 KiB), filled with non-constant words so that no
     /// pass can be skipped.
     pub fn new(bytes: usize) -> ReadProbe {
         let words = (bytes / 8).max(1 << 12);
-        let mut probe = ReadProbe(match crate::pages::HugeBuf::zeroed(words * 8) {
-            Ok(b) => Words::Huge(b),
-            Err(_) => Words::Heap(vec![0; words]),
-        });
+        let mut probe = ReadProbe(StreamBuf::zeroed(words * 8));
         for (i, w) in probe.words_mut().iter_mut().enumerate() {
             *w = (i as u64).wrapping_mul(0x9E37_79B9);
         }
@@ -39,20 +32,14 @@ impl ReadProbe {
     }
 
     fn words_mut(&mut self) -> &mut [u64] {
-        match &mut self.0 {
-            // SAFETY: any bytes are valid u64s; the buffer is 64-byte aligned, so align_to
-            // leaves no head.
-            Words::Huge(b) => unsafe { b.align_to_mut::<u64>().1 },
-            Words::Heap(v) => v,
-        }
+        // SAFETY: any bytes are valid u64s. The huge pages are 64-byte aligned, so nothing
+        // is left out there; a heap buffer may lose a few bytes at either end.
+        unsafe { self.0.align_to_mut::<u64>().1 }
     }
 
     fn words(&self) -> &[u64] {
-        match &self.0 {
-            // SAFETY: as in `words_mut`.
-            Words::Huge(b) => unsafe { b.align_to::<u64>().1 },
-            Words::Heap(v) => v,
-        }
+        // SAFETY: as in `words_mut`.
+        unsafe { self.0.align_to::<u64>().1 }
     }
 
     /// Bytes per second the pool's threads read from the buffer, each thread one
