@@ -3,6 +3,8 @@
 //! models of every architecture and weight type, and on the real Gemma 3 when present.
 //! Float weights must match to 1e-3; quantized weights to within twice the unsharded
 //! model's own noise floor (see `noise_floor`), since a TP all-reduce sums in another order.
+//! The real model's layers, interleaved as loaded, must equal the file's rows to the float
+//! order (`gemma3_layers_as_loaded_equal_the_files_rows`).
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -397,4 +399,63 @@ fn gemma3_270m_shards_within_rounding() {
         assert_within(&what, &base, &got, tolerance_for(floor));
     }
     assert_close("gemma3 PP 9|9", &base, &pipeline(&f, &[9], &prompt, &extra));
+}
+
+/// Every quantized layer of the real Gemma 3, as the loader keeps it (interleaved where
+/// this CPU's kernels read it so, `quant::packs`), gives what ggml's rows in the file give
+/// through the row kernel, for one token and for a batch, on activations with outliers as
+/// Gemma's have: the layout changes the float order only, never the sum. This is the
+/// check that a part in a greedy path between one node and a cluster is Gemma's
+/// sensitivity to the last bit (`GEMMA3_TOL` in the weft binary's tests), not a kernel.
+#[test]
+fn gemma3_layers_as_loaded_equal_the_files_rows() {
+    use weft_kernels::quant;
+    use weft_model::weights::Linear;
+    let Some(p) = real_model() else { return };
+    let f = Arc::new(GgufFile::open(&p).unwrap());
+    let pool = ThreadPool::new(2);
+    let mut seed = 0x9E37_79B9_7F4A_7C15u64;
+    let mut value = move || {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        (seed >> 11) as f32 / (1u64 << 53) as f32 * 6.0 - 3.0
+    };
+    let mut packed_layers = 0;
+    let names: Vec<_> = f
+        .tensors()
+        .iter()
+        .filter(|t| t.name.starts_with("blk.") && t.dims.len() == 2)
+        .map(|t| (t.name.clone(), t.ty, t.dims[0] as usize, t.dims[1] as usize))
+        .collect();
+    for (name, ty, n, rows) in names {
+        let layer = Linear::load_rows(&f, &name, n, rows, 0..rows).unwrap();
+        packed_layers += usize::from(layer.is_interleaved());
+        let file_rows = f.tensor_data(f.tensor(&name).unwrap()).unwrap();
+        for m in [1usize, 5] {
+            // One value in 97 two hundred times larger: Gemma's activation outliers.
+            let x: Vec<f32> = (0..m * n)
+                .map(|i| value() * if i % 97 == 0 { 200.0 } else { 1.0 })
+                .collect();
+            let ab = layer.act_bytes();
+            let mut acts = vec![0u8; m * ab];
+            layer.quantize_input(&x, n, m, &mut acts);
+            let mut got = vec![0f32; m * rows];
+            let mut tile = vec![0f32; m * rows];
+            layer.matmul(&pool, &acts, m, &mut got, rows, &mut tile);
+            let mut want = vec![0f32; m * rows];
+            quant::matmul(ty, n, file_rows, 0..rows, &acts, m, &mut want, rows);
+            let scale = want.iter().fold(0f32, |a, v| a.max(v.abs()));
+            for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+                assert!(
+                    (g - w).abs() <= 2e-5 * scale,
+                    "{name} ({ty}, interleaved: {}) m={m} row {}: {g} against the file's rows' \
+                     {w} (largest output {scale})",
+                    layer.is_interleaved(),
+                    i % rows
+                );
+            }
+        }
+    }
+    eprintln!("{packed_layers} layers interleaved on this CPU");
 }
