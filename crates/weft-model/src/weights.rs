@@ -153,10 +153,11 @@ impl Linear {
     /// where the kernel gives them (`weft_kernels::pages`), one run in load order. A Q8_0
     /// head streamed 9-27 % faster so than from the file's 4 KiB pages (AMD Zen 3,
     /// `kbench` dram against huge, two runs: 10.7 -> 13.6 and 14.4 -> 15.7 GB/s). The
-    /// mapped pages it copied are released, so the shard's memory does not double. A dry run's `file` (`GgufFile::records_only`)
-    /// keeps the mapping: its bytes are placeholders, and copying them would cost a whole
-    /// shard's memory and time before the fetch (its weight bytes then count ggml's size,
-    /// 2.8 % under the packed size for Q4_K).
+    /// mapped pages it copied are released, so the shard's memory does not double. A dry
+    /// run's `file` (`GgufFile::records_only`) keeps the mapping: its bytes are
+    /// placeholders, and copying them would cost a whole shard's memory and time before the
+    /// fetch (its weight bytes then count ggml's size, 2.8 % under the packed size for
+    /// Q4_K).
     pub(crate) fn settled(mut self, file: &GgufFile) -> Self {
         if file.records_only() {
             return self;

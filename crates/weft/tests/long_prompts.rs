@@ -15,8 +15,8 @@ use weft_model::synthetic::{synthetic_model, SyntheticSpec};
 use weft_model::Arch;
 
 use common::{
-    assert_same_path, ids, ok_json, real_model, run_on_peers, start_node, synthetic_llama_q8, weft,
-    Kill, GEMMA3_TOL, LAYOUTS, SYNTHETIC_TOL, TOP_LOGPROBS,
+    assert_same_path, greedy, ids, ok_json, real_model, run_on_peers, start_node,
+    synthetic_llama_q8, Kill, GEMMA3_TOL, LAYOUTS, SYNTHETIC_TOL,
 };
 
 /// A strong cluster secret for the nodes these tests start.
@@ -57,27 +57,9 @@ fn long_text(words: usize, seed: u64) -> String {
     out
 }
 
-/// Greedy continuation of `prompt` with top logprobs and a context that holds it.
+/// Greedy continuation of `prompt` (8 tokens, top logprobs) with a context that holds it.
 fn greedy_long(model: &str, prompt: &str, layout: &[&str]) -> Value {
-    let top = TOP_LOGPROBS.to_string();
-    let mut args = vec![
-        "run",
-        "--model",
-        model,
-        "--prompt",
-        prompt,
-        "-n",
-        "8",
-        "--temperature",
-        "0",
-        "--json",
-        "--logprobs",
-        &top,
-        "--ctx",
-        "4608",
-    ];
-    args.extend_from_slice(layout);
-    ok_json(&weft(&args))
+    greedy(model, prompt, 8, &[layout, &["--ctx", "4608"]].concat())
 }
 
 /// Every layout against one node, for a prompt of about `target` tokens (±15 %).
