@@ -356,11 +356,11 @@ pub fn packed_form(w: GgmlType) -> Option<Path> {
 
 /// Whether weights of type `w` in rows of `n` values are best kept interleaved
 /// ([`pack`]) on this CPU: Q4_K, Q5_K, Q6_K, Q4_0, Q4_1, Q5_0, Q5_1 and Q8_0 where a VNNI
-/// form runs; Q4_K, Q4_0, Q4_1, Q5_0 and Q5_1 where AVX2 alone does
+/// form runs; Q4_K, Q6_K, Q4_0, Q4_1, Q5_0 and Q5_1 where AVX2 alone does
 /// (`select::worth_interleaving`). Measured on AMD Zen 3, interleaved against ggml's rows
-/// at one thread (`kbench`): Q4_K decode from cache 21-26 GB/s against 12-16 (a
-/// super-block's scales and float steps serve eight rows), from memory 16.0 against 14.5
-/// (`weft bench --kernels`); prefill m=64 +13-33 % on Q4_K, twice as fast on Q5_0. A
+/// at one thread (`kbench`): Q4_K decode from cache 28-34 GB/s against 13-17 (a
+/// super-block's scales and float steps serve eight rows), from memory at par; prefill
+/// m=64 1.7 times as fast on Q4_K, twice as fast on Q5_0. A
 /// loader that packs calls [`pack_rows`] once and then [`matvec_packed`] /
 /// [`matmul_packed`].
 pub fn packs(w: GgmlType, n: usize) -> bool {

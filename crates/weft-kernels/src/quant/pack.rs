@@ -31,10 +31,10 @@
 //! Q6_K keeps its size (1680 bytes, eight blocks of 210): `d` of the eight rows (f16, 16
 //! bytes at 0); the sixteen 16-value sub-blocks' scales, sub-block s of row r at
 //! `16 + 8s + r` (i8); then per sub-block pair j (values 32j..32j+32) 192 bytes at
-//! `144 + 192j`: the low four bits of the levels as Q4_K's (128 bytes, quarter h at
-//! `+ 32h`), then their top two bits (64 bytes at `+ 128`): bits 2v..2v+2 of byte
+//! `144 + 192j`: the top two bits of the levels (64 bytes): bits 2v..2v+2 of byte
 //! `4r + i` hold those of value `32j + 4v + i` of row r (v < 4), and of the next 32 bytes
-//! the same for v = 4..8.
+//! the same for v = 4..8; then their low four bits as Q4_K's (128 bytes at `+ 64`,
+//! quarter h at `+ 64 + 32h`).
 //!
 //! The 32-value formats keep their size too: one 32-value block of a group is the eight
 //! rows' f16 `d` (16 bytes), for Q4_1/Q5_1 their f16 minimums (16 bytes), and then their
@@ -159,18 +159,20 @@ pub const Q6K_GROUP_BYTES: usize = 1680;
 pub(super) const Q6K_OFF_SCALES: usize = 16;
 const Q6K_OFF_PAIRS: usize = 144;
 
-/// Where the low four bits of a Q6_K group's sub-block pair j (values 32j..32j+32) start,
-/// 128 bytes, and their top two bits, the 64 bytes right after: each pair's 192 bytes in
-/// one piece, so decode reads the group as one forward stream (with the top bits in a
-/// plane of their own after all the low bits, a Zen 4 core streamed it at a third of its
-/// bandwidth).
+/// Where the top two bits of a Q6_K group's sub-block pair j (values 32j..32j+32) start,
+/// 64 bytes, and their low four bits, the 128 bytes right after: each pair's 192 bytes in
+/// one piece, in the order the kernels read them, so decode reads the group as one
+/// forward stream (with the top bits in a plane of their own after all the low bits, a
+/// Zen 4 core streamed it at a third of its bandwidth; with each pair's top bits after
+/// its low bits, a Zen 3 core streamed it 20 % slower than ggml's rows, and at par
+/// this way round).
 pub(super) const fn q6k_low(j: usize) -> usize {
-    Q6K_OFF_PAIRS + 192 * j
+    q6k_high(j) + 64
 }
 pub(super) const fn q6k_high(j: usize) -> usize {
-    q6k_low(j) + 128
+    Q6K_OFF_PAIRS + 192 * j
 }
-const _: () = assert!(q6k_high(7) + 64 == Q6K_GROUP_BYTES);
+const _: () = assert!(q6k_low(7) + 128 == Q6K_GROUP_BYTES);
 /// Bytes of one Q6_K block in ggml's layout.
 const Q6K_BLOCK: usize = 210;
 /// Bytes of one Q4_K and one Q5_K block in ggml's layout.

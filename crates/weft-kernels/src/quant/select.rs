@@ -229,12 +229,14 @@ pub fn interleaves(fused: Fused, w: GgmlType) -> bool {
 
 /// Whether rows of `w` are worth interleaving where `fused` is the interleaved form (given
 /// it runs them, [`interleaves`]): always with a VNNI form; with AVX2's alone, not for
-/// Q5_K and Q6_K, whose interleaved decode without `vpdpbusd` streamed slower than their
-/// row kernels on AMD Zen 3 (`weft bench --kernels`, 1 thread: Q6_K 12.3 against 14.8
-/// GB/s, Q5_K 5.6-6.5 against 7.2-8.3 in a slower moment), while Q4_K, Q4_0 and Q5_0 were
-/// faster interleaved at every shape (Q4_1 and Q5_1 have no row kernels at all).
+/// Q5_K, whose interleaved decode was slower than its row kernels on AMD Zen 3 (dense
+/// 1.5 B Q5_K_M, `weft bench -n 64`, medians of five side by side: 1 thread 11.2 against
+/// 12.4 tok/s, 2 threads 19.5 against 22.1) though its prefill was 30 % faster. Q6_K
+/// interleaved there decoded as fast as its rows at 2 threads and 11 % faster at 1 (the
+/// same model at Q4_K_M), its prefill 9 % faster; Q4_K, Q4_0 and Q5_0 were faster at
+/// every shape (Q4_1 and Q5_1 have no row kernels at all).
 pub fn worth_interleaving(fused: Fused, w: GgmlType) -> bool {
-    fused != Fused::Avx2 || !matches!(w, GgmlType::Q5_K | GgmlType::Q6_K)
+    fused != Fused::Avx2 || w != GgmlType::Q5_K
 }
 
 /// The 256-bit VNNI form this CPU runs, AVX-512's encoding first (it has 32 registers):

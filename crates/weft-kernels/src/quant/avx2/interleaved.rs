@@ -14,6 +14,11 @@
 //!   convert and one FMA by d_w * d_a for all eight rows; Q4_1/Q5_1 start at zero and add
 //!   their minimums times d_a * sum(a) in a second FMA.
 //!
+//! Where AVX2 runs alone, `vpdpbusd` is `vpmaddubsw` (pairs of products in i16 lanes) and
+//! a widening `vpmaddwd`: the pairs of a sub-block are summed in i16 as far as their
+//! bounds allow and widened once, by a `vpmaddwd` with the rows' scales for the K
+//! formats, in place of a widening per product and a `vpmulld` per sub-block.
+//!
 //! The integer sums are exact, so their order is free; the float steps run in one order
 //! for every token count, which makes a batched token equal the same token alone, and a
 //! row's result the same whichever group or thread computes it.
@@ -207,57 +212,47 @@ impl<const FIVE: bool> GroupKernel for KMin<FIVE> {
         b: usize,
         acc: &mut [__m256; N],
     ) {
-        let nibble = _mm256_set1_epi8(0x0F);
         // SAFETY (every read): inside the group block, block b of an activation or its
         // terms.
         unsafe {
-            // Q5_K's fifth bits land above a high nibble kept in place: it shifts.
-            let in_place = N == 1 && F != PLAIN && !FIVE;
             let mut isum = [_mm256_setzero_si256(); N];
-            for j in 0..8 {
-                let sc = _mm256_cvtepu8_epi32(_mm_loadl_epi64(gp.add(OFF_SCALES + 8 * j).cast()));
-                let plane = if FIVE {
-                    load256(gp.add(q5k_fifth(j)))
-                } else {
-                    _mm256_setzero_si256()
-                };
-                // Two chains per token (low and high nibbles), so more sums are in
-                // flight than a `vpdpbusd`'s latency needs.
-                let mut dot_lo = [_mm256_setzero_si256(); N];
-                let mut dot_hi = [_mm256_setzero_si256(); N];
-                for h in 0..4 {
-                    let x = load256(gp.add(Self::levels(j) + 32 * h));
-                    let mut lo = _mm256_and_si256(x, nibble);
-                    // A lone token (decode, bound by the vector ALUs once its bytes are
-                    // in cache) takes the high nibbles in place, 16 times their value, and
-                    // shifts the exact sum back once: one operation for four shifts. Only
-                    // where `vpdpbusd` runs: the AVX2 pair's i16 sums would saturate.
-                    let mut hi = if in_place {
-                        _mm256_andnot_si256(nibble, x)
-                    } else {
-                        _mm256_and_si256(_mm256_srli_epi16::<4>(x), nibble)
-                    };
-                    if FIVE {
-                        // Bit h of the plane is the low nibble's, bit 4 + h the high one's.
-                        lo = _mm256_or_si256(lo, fifth_bit(plane, h));
-                        hi = _mm256_or_si256(hi, fifth_bit(plane, 4 + h));
+            if F == PLAIN {
+                Self::plain_levels(gp, acts, b, &mut isum);
+            } else {
+                // Q5_K's fifth bits land above a high nibble kept in place: it shifts.
+                let in_place = N == 1 && !FIVE;
+                for j in 0..8 {
+                    let sc =
+                        _mm256_cvtepu8_epi32(_mm_loadl_epi64(gp.add(OFF_SCALES + 8 * j).cast()));
+                    let plane = Self::plane(gp, j);
+                    // Two chains per token (low and high nibbles), so more sums are in
+                    // flight than a `vpdpbusd`'s latency needs.
+                    let mut dot_lo = [_mm256_setzero_si256(); N];
+                    let mut dot_hi = [_mm256_setzero_si256(); N];
+                    for h in 0..4 {
+                        // A lone token (decode, bound by the vector ALUs once its bytes are
+                        // in cache) takes the high nibbles in place, 16 times their value,
+                        // and shifts the exact sum back once: one operation for four
+                        // shifts. Only where `vpdpbusd` runs: the AVX2 pair's i16 sums
+                        // would saturate.
+                        let (lo, hi) = Self::quarter(gp, j, h, plane, in_place);
+                        for t in 0..N {
+                            let a = acts[t].add(b * Q8_K_AB + Q8_K_QS + 32 * j + 4 * h);
+                            dot_lo[t] = dpbusd::<F>(dot_lo[t], lo, bcast4(a));
+                            dot_hi[t] = dpbusd::<F>(dot_hi[t], hi, bcast4(a.add(16)));
+                        }
                     }
                     for t in 0..N {
-                        let a = acts[t].add(b * Q8_K_AB + Q8_K_QS + 32 * j + 4 * h);
-                        dot_lo[t] = dpbusd::<F>(dot_lo[t], lo, bcast4(a));
-                        dot_hi[t] = dpbusd::<F>(dot_hi[t], hi, bcast4(a.add(16)));
+                        // Each i32 lane sums 16 products of at most 240 * 128: far from
+                        // overflow, and a multiple of 16 when the nibbles sat in place.
+                        let hi = if in_place {
+                            _mm256_srai_epi32::<4>(dot_hi[t])
+                        } else {
+                            dot_hi[t]
+                        };
+                        let dot = _mm256_add_epi32(dot_lo[t], hi);
+                        isum[t] = _mm256_add_epi32(isum[t], _mm256_mullo_epi32(dot, sc));
                     }
-                }
-                for t in 0..N {
-                    // Each i32 lane sums 16 products of at most 240 * 128: far from
-                    // overflow, and a multiple of 16 when the nibbles sat in place.
-                    let hi = if in_place {
-                        _mm256_srai_epi32::<4>(dot_hi[t])
-                    } else {
-                        dot_hi[t]
-                    };
-                    let dot = _mm256_add_epi32(dot_lo[t], hi);
-                    isum[t] = _mm256_add_epi32(isum[t], _mm256_mullo_epi32(dot, sc));
                 }
             }
             let mut msum = [_mm256_setzero_si256(); N];
@@ -276,6 +271,145 @@ impl<const FIVE: bool> GroupKernel for KMin<FIVE> {
                 let da = _mm256_set1_ps(read_f32(acts[t].add(b * Q8_K_AB)));
                 let v = _mm256_fmadd_ps(_mm256_mul_ps(d, da), _mm256_cvtepi32_ps(isum[t]), acc[t]);
                 acc[t] = _mm256_fnmadd_ps(_mm256_mul_ps(dmin, da), _mm256_cvtepi32_ps(msum[t]), v);
+            }
+        }
+    }
+}
+
+/// Row r's scale byte in both i16 halves of i32 lane r, from the eight bytes at `p`
+/// (each 128-bit half of the broadcast holds all eight): what `vpmaddwd` multiplies a
+/// lane's two i16 sums by. `signed`: the bytes are i8 (Q6_K), else u8.
+///
+/// # Safety
+/// `p` is readable for 8 bytes; AVX2.
+#[inline(always)]
+unsafe fn scale_pairs(p: *const u8, signed: bool) -> __m256i {
+    // SAFETY: forwarded from the caller.
+    let eight = _mm256_set1_epi64x(unsafe { p.cast::<i64>().read_unaligned() });
+    // Byte r then a zero (index -128), twice, for lane r.
+    let pick = _mm256_setr_epi8(
+        0, -128, 0, -128, 1, -128, 1, -128, 2, -128, 2, -128, 3, -128, 3, -128, 4, -128, 4, -128,
+        5, -128, 5, -128, 6, -128, 6, -128, 7, -128, 7, -128,
+    );
+    let low = _mm256_shuffle_epi8(eight, pick);
+    if signed {
+        // The byte's sign into the high byte of its i16.
+        _mm256_srai_epi16::<8>(_mm256_slli_epi16::<8>(low))
+    } else {
+        low
+    }
+}
+
+/// `s + maddubs(u, a)` in i16 lanes: AVX2's pair products summed without widening, where
+/// the caller bounds the sum (see [`KMin::plain_levels`]).
+#[inline(always)]
+fn add_pairs(s: __m256i, u: __m256i, a: __m256i) -> __m256i {
+    // SAFETY: the drivers that inline this run on AVX2.
+    unsafe { _mm256_add_epi16(s, _mm256_maddubs_epi16(u, a)) }
+}
+
+impl<const FIVE: bool> KMin<FIVE> {
+    /// Q5_K's fifth bits of sub-block j (zero for Q4_K).
+    ///
+    /// # Safety
+    /// `gp` holds a group block; AVX2.
+    #[inline(always)]
+    unsafe fn plane(gp: *const u8, j: usize) -> __m256i {
+        if FIVE {
+            // SAFETY: the plane lies inside the group block.
+            unsafe { load256(gp.add(q5k_fifth(j))) }
+        } else {
+            _mm256_setzero_si256()
+        }
+    }
+
+    /// Quarter h of sub-block j's levels, low and high nibbles (the high ones in place,
+    /// 16 times their value, with `in_place`), Q5_K's fifth bits ORed in from `plane`.
+    ///
+    /// # Safety
+    /// `gp` holds a group block; AVX2.
+    #[inline(always)]
+    unsafe fn quarter(
+        gp: *const u8,
+        j: usize,
+        h: usize,
+        plane: __m256i,
+        in_place: bool,
+    ) -> (__m256i, __m256i) {
+        let nibble = _mm256_set1_epi8(0x0F);
+        // SAFETY: quarter h of sub-block j lies inside the group block.
+        let x = unsafe { load256(gp.add(Self::levels(j) + 32 * h)) };
+        let mut lo = _mm256_and_si256(x, nibble);
+        let mut hi = if in_place {
+            _mm256_andnot_si256(nibble, x)
+        } else {
+            _mm256_and_si256(_mm256_srli_epi16::<4>(x), nibble)
+        };
+        if FIVE {
+            // Bit h of the plane is the low nibble's, bit 4 + h the high one's.
+            // SAFETY: the drivers that inline this run on AVX2.
+            unsafe {
+                lo = _mm256_or_si256(lo, fifth_bit(plane, h));
+                hi = _mm256_or_si256(hi, fifth_bit(plane, 4 + h));
+            }
+        }
+        (lo, hi)
+    }
+
+    /// The level sums times the sub-block scales, added to `isum`, where AVX2 runs alone:
+    /// a sub-block's pair products (`vpmaddubsw`) are summed in i16 lanes and widened by a
+    /// `vpmaddwd` with the eight rows' scales, in place of a widening `vpmaddwd` per
+    /// product and a `vpmulld` per sub-block (decode is bound by the vector ALUs once its
+    /// bytes are in cache, prefill always). A pair product is at most 2 x 15 x 128 = 3,840
+    /// in size for Q4_K, so a lane's sixteen products (eight pairs) stay within 30,720 and
+    /// fit an i16; Q5_K's reach 7,936, so its low and high nibbles' four pairs are summed
+    /// apart and widened apart. The same exact i32 sums as the VNNI forms.
+    ///
+    /// # Safety
+    /// `gp` holds a group block, each `acts[t]` block `b` of its activation; AVX2.
+    #[inline(always)]
+    unsafe fn plain_levels<const N: usize>(
+        gp: *const u8,
+        acts: [*const u8; N],
+        b: usize,
+        isum: &mut [__m256i; N],
+    ) {
+        // One Q4_K token keeps two chains (low and high nibbles) so that adds overlap; a
+        // tile of several keeps one a token, and its registers for the tokens.
+        let apart = FIVE || N == 1;
+        // SAFETY (every read): inside the group block or block b of an activation.
+        unsafe {
+            for j in 0..8 {
+                let sc = scale_pairs(gp.add(OFF_SCALES + 8 * j), false);
+                let plane = Self::plane(gp, j);
+                let mut lo_sum = [_mm256_setzero_si256(); N];
+                let mut hi_sum = [_mm256_setzero_si256(); N];
+                for h in 0..4 {
+                    let (lo, hi) = Self::quarter(gp, j, h, plane, false);
+                    for t in 0..N {
+                        let a = acts[t].add(b * Q8_K_AB + Q8_K_QS + 32 * j + 4 * h);
+                        lo_sum[t] = add_pairs(lo_sum[t], lo, bcast4(a));
+                        let hi_a = bcast4(a.add(16));
+                        if apart {
+                            hi_sum[t] = add_pairs(hi_sum[t], hi, hi_a);
+                        } else {
+                            lo_sum[t] = add_pairs(lo_sum[t], hi, hi_a);
+                        }
+                    }
+                }
+                for t in 0..N {
+                    let s = if FIVE {
+                        _mm256_add_epi32(
+                            _mm256_madd_epi16(lo_sum[t], sc),
+                            _mm256_madd_epi16(hi_sum[t], sc),
+                        )
+                    } else if apart {
+                        _mm256_madd_epi16(_mm256_add_epi16(lo_sum[t], hi_sum[t]), sc)
+                    } else {
+                        _mm256_madd_epi16(lo_sum[t], sc)
+                    };
+                    isum[t] = _mm256_add_epi32(isum[t], s);
+                }
             }
         }
     }
@@ -303,8 +437,6 @@ impl GroupKernel for Q6K {
         b: usize,
         acc: &mut [__m256; N],
     ) {
-        let nibble = _mm256_set1_epi8(0x0F);
-        let top = _mm256_set1_epi8(0x30);
         // SAFETY (every read): inside the group block or block b of an activation.
         unsafe {
             let scale = |s: usize| {
@@ -312,30 +444,18 @@ impl GroupKernel for Q6K {
             };
             let mut isum = [_mm256_setzero_si256(); N];
             for j in 0..8 {
-                let (sc_lo, sc_hi) = (scale(2 * j), scale(2 * j + 1));
                 let ha = load256(gp.add(q6k_high(j)));
                 let hb = load256(gp.add(q6k_high(j) + 32));
-                // Bits 2v..2v+2 of each byte moved to bits 4..6 (16-bit shifts: what
-                // crosses bytes lands outside those bits and the mask drops it).
-                let high = |h: __m256i, v: usize| {
-                    let x = match v {
-                        0 => _mm256_slli_epi16::<4>(h),
-                        1 => _mm256_slli_epi16::<2>(h),
-                        2 => h,
-                        _ => _mm256_srli_epi16::<2>(h),
-                    };
-                    _mm256_and_si256(x, top)
-                };
+                if F == PLAIN {
+                    Self::plain_levels(gp, acts, b, j, ha, hb, &mut isum);
+                    continue;
+                }
+                let (sc_lo, sc_hi) = (scale(2 * j), scale(2 * j + 1));
                 // Values 32j..32j+16 (sub-block 2j) and 32j+16..32j+32 (2j+1).
                 let mut dot_lo = [_mm256_setzero_si256(); N];
                 let mut dot_hi = [_mm256_setzero_si256(); N];
                 for h in 0..4 {
-                    let x = load256(gp.add(q6k_low(j) + 32 * h));
-                    let lo = _mm256_or_si256(_mm256_and_si256(x, nibble), high(ha, h));
-                    let hi = _mm256_or_si256(
-                        _mm256_and_si256(_mm256_srli_epi16::<4>(x), nibble),
-                        high(hb, h),
-                    );
+                    let (lo, hi) = Self::quarter(gp, j, h, ha, hb);
                     for t in 0..N {
                         let a = acts[t].add(b * Q8_K_AB + Q8_K_QS + 32 * j + 4 * h);
                         dot_lo[t] = dpbusd::<F>(dot_lo[t], lo, bcast4(a));
@@ -369,6 +489,88 @@ impl GroupKernel for Q6K {
                 let tot = _mm256_sub_epi32(isum[t], _mm256_slli_epi32::<5>(msum[t]));
                 let da = _mm256_set1_ps(read_f32(acts[t].add(b * Q8_K_AB)));
                 acc[t] = _mm256_fmadd_ps(_mm256_mul_ps(d, da), _mm256_cvtepi32_ps(tot), acc[t]);
+            }
+        }
+    }
+}
+
+impl Q6K {
+    /// Quarter h of pair j's levels: values 32j + 4h.. of sub-block 2j (`lo`) and 16 on,
+    /// of 2j + 1 (`hi`), their low four bits from the group block and their top two from
+    /// `ha` and `hb` (bits 2h..2h+2 of each byte moved to bits 4..6 by 16-bit shifts: what
+    /// crosses bytes lands outside those bits and the mask drops it).
+    ///
+    /// # Safety
+    /// `gp` holds a Q6_K group block; AVX2.
+    #[inline(always)]
+    unsafe fn quarter(
+        gp: *const u8,
+        j: usize,
+        h: usize,
+        ha: __m256i,
+        hb: __m256i,
+    ) -> (__m256i, __m256i) {
+        let nibble = _mm256_set1_epi8(0x0F);
+        let high = |t: __m256i| {
+            let x = match h {
+                0 => _mm256_slli_epi16::<4>(t),
+                1 => _mm256_slli_epi16::<2>(t),
+                2 => t,
+                _ => _mm256_srli_epi16::<2>(t),
+            };
+            _mm256_and_si256(x, _mm256_set1_epi8(0x30))
+        };
+        // SAFETY: quarter h of pair j lies inside the group block.
+        let x = unsafe { load256(gp.add(q6k_low(j) + 32 * h)) };
+        let lo = _mm256_or_si256(_mm256_and_si256(x, nibble), high(ha));
+        let hi = _mm256_or_si256(
+            _mm256_and_si256(_mm256_srli_epi16::<4>(x), nibble),
+            high(hb),
+        );
+        (lo, hi)
+    }
+
+    /// Values 32j..32j+32 of the group's eight rows times their two sub-blocks' scales,
+    /// added to `isum`, where AVX2 runs alone: pair products summed in i16 lanes two
+    /// loads at a time and widened by a `vpmaddwd` with the scales, as
+    /// [`KMin::plain_levels`]. A Q6_K pair product is at most 2 x 63 x 128 = 16,128 in
+    /// size, so two of them fit an i16.
+    ///
+    /// # Safety
+    /// `gp` holds a Q6_K group block, `ha` and `hb` its top bits for `j`, each `acts[t]`
+    /// block `b` of its activation; AVX2.
+    #[inline(always)]
+    unsafe fn plain_levels<const N: usize>(
+        gp: *const u8,
+        acts: [*const u8; N],
+        b: usize,
+        j: usize,
+        ha: __m256i,
+        hb: __m256i,
+        isum: &mut [__m256i; N],
+    ) {
+        // SAFETY (every read): inside the group block or block b of an activation.
+        unsafe {
+            let sc_lo = scale_pairs(gp.add(Q6K_OFF_SCALES + 16 * j), true);
+            let sc_hi = scale_pairs(gp.add(Q6K_OFF_SCALES + 16 * j + 8), true);
+            for pair in 0..2 {
+                let mut lo_sum = [_mm256_setzero_si256(); N];
+                let mut hi_sum = [_mm256_setzero_si256(); N];
+                for h in 2 * pair..2 * pair + 2 {
+                    let (lo, hi) = Self::quarter(gp, j, h, ha, hb);
+                    for t in 0..N {
+                        let a = acts[t].add(b * Q8_K_AB + Q8_K_QS + 32 * j + 4 * h);
+                        lo_sum[t] = add_pairs(lo_sum[t], lo, bcast4(a));
+                        hi_sum[t] = add_pairs(hi_sum[t], hi, bcast4(a.add(16)));
+                    }
+                }
+                for t in 0..N {
+                    let s = _mm256_add_epi32(
+                        _mm256_madd_epi16(lo_sum[t], sc_lo),
+                        _mm256_madd_epi16(hi_sum[t], sc_hi),
+                    );
+                    isum[t] = _mm256_add_epi32(isum[t], s);
+                }
             }
         }
     }
@@ -507,9 +709,29 @@ impl<L: Levels8> GroupKernel for Legacy<L> {
                     None => _mm256_set1_epi32(*tp.add(1)),
                 };
                 let mut d1 = _mm256_setzero_si256();
-                for v in 0..4 {
-                    d0 = dpbusd::<F>(d0, lv[v], bcast4(a.add(4 * v)));
-                    d1 = dpbusd::<F>(d1, lv[v + 4], bcast4(a.add(16 + 4 * v)));
+                if F == PLAIN {
+                    // AVX2 alone: pair products summed in i16 lanes, widened once per
+                    // half, as `KMin::plain_levels` (a pair is at most 2 x 31 x 128 =
+                    // 7,936 in size, so four fit an i16; 4-bit levels' 3,840, so eight).
+                    // Never Q8_0, whose pairs saturate (`select::interleaves`).
+                    debug_assert!(L::TYPE != GgmlType::Q8_0);
+                    let (mut s0, mut s1) = (_mm256_setzero_si256(), _mm256_setzero_si256());
+                    for v in 0..4 {
+                        s0 = add_pairs(s0, lv[v], bcast4(a.add(4 * v)));
+                        s1 = add_pairs(s1, lv[v + 4], bcast4(a.add(16 + 4 * v)));
+                    }
+                    let ones = _mm256_set1_epi16(1);
+                    if legacy_layout(L::TYPE).fifth.is_some() {
+                        d1 = _mm256_madd_epi16(s1, ones);
+                    } else {
+                        s0 = _mm256_add_epi16(s0, s1);
+                    }
+                    d0 = _mm256_add_epi32(d0, _mm256_madd_epi16(s0, ones));
+                } else {
+                    for v in 0..4 {
+                        d0 = dpbusd::<F>(d0, lv[v], bcast4(a.add(4 * v)));
+                        d1 = dpbusd::<F>(d1, lv[v + 4], bcast4(a.add(16 + 4 * v)));
+                    }
                 }
                 let da = _mm256_set1_ps(f32::from_bits(*tp as u32));
                 let dot = _mm256_cvtepi32_ps(_mm256_add_epi32(d0, d1));
