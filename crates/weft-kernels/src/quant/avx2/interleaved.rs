@@ -308,6 +308,35 @@ fn add_pairs(s: __m256i, u: __m256i, a: __m256i) -> __m256i {
     unsafe { _mm256_add_epi16(s, _mm256_maddubs_epi16(u, a)) }
 }
 
+/// Quarter h of a K format's 32-value chunk j, `lo` and `hi` level vectors, against `N`
+/// tokens by [`add_pairs`]: `lo` times the activation's values 32j + 4h.. into `lo_sum`,
+/// `hi` times those 16 on into `hi_sum`, or into `lo_sum` too where one i16 sum holds
+/// both (not `apart`, as the caller's bound allows).
+///
+/// # Safety
+/// Each `acts[t]` holds block `b` of its activation; AVX2.
+#[inline(always)]
+unsafe fn add_quarter_pairs<const N: usize>(
+    (lo, hi): (__m256i, __m256i),
+    acts: [*const u8; N],
+    (b, j, h): (usize, usize, usize),
+    apart: bool,
+    lo_sum: &mut [__m256i; N],
+    hi_sum: &mut [__m256i; N],
+) {
+    for t in 0..N {
+        // SAFETY (both reads): values 32j + 4h.. and 16 on lie inside block b.
+        let a = unsafe { acts[t].add(b * Q8_K_AB + Q8_K_QS + 32 * j + 4 * h) };
+        lo_sum[t] = add_pairs(lo_sum[t], lo, unsafe { bcast4(a) });
+        let a_hi = unsafe { bcast4(a.add(16)) };
+        if apart {
+            hi_sum[t] = add_pairs(hi_sum[t], hi, a_hi);
+        } else {
+            lo_sum[t] = add_pairs(lo_sum[t], hi, a_hi);
+        }
+    }
+}
+
 impl<const FIVE: bool> KMin<FIVE> {
     /// Q5_K's fifth bits of sub-block j (zero for Q4_K).
     ///
@@ -385,17 +414,8 @@ impl<const FIVE: bool> KMin<FIVE> {
                 let mut lo_sum = [_mm256_setzero_si256(); N];
                 let mut hi_sum = [_mm256_setzero_si256(); N];
                 for h in 0..4 {
-                    let (lo, hi) = Self::quarter(gp, j, h, plane, false);
-                    for t in 0..N {
-                        let a = acts[t].add(b * Q8_K_AB + Q8_K_QS + 32 * j + 4 * h);
-                        lo_sum[t] = add_pairs(lo_sum[t], lo, bcast4(a));
-                        let hi_a = bcast4(a.add(16));
-                        if apart {
-                            hi_sum[t] = add_pairs(hi_sum[t], hi, hi_a);
-                        } else {
-                            lo_sum[t] = add_pairs(lo_sum[t], hi, hi_a);
-                        }
-                    }
+                    let quarter = Self::quarter(gp, j, h, plane, false);
+                    add_quarter_pairs(quarter, acts, (b, j, h), apart, &mut lo_sum, &mut hi_sum);
                 }
                 for t in 0..N {
                     let s = if FIVE {
@@ -446,6 +466,9 @@ impl GroupKernel for Q6K {
             for j in 0..8 {
                 let ha = load256(gp.add(q6k_high(j)));
                 let hb = load256(gp.add(q6k_high(j) + 32));
+                // Branching inside the loop, with the top bits loaded here, is not a
+                // wart: with the j loop moved into `plain_levels`, as `KMin` has it,
+                // LLVM scheduled the batch tile 6 % slower on Zen 3.
                 if F == PLAIN {
                     Self::plain_levels(gp, acts, b, j, ha, hb, &mut isum);
                     continue;
@@ -557,12 +580,8 @@ impl Q6K {
                 let mut lo_sum = [_mm256_setzero_si256(); N];
                 let mut hi_sum = [_mm256_setzero_si256(); N];
                 for h in 2 * pair..2 * pair + 2 {
-                    let (lo, hi) = Self::quarter(gp, j, h, ha, hb);
-                    for t in 0..N {
-                        let a = acts[t].add(b * Q8_K_AB + Q8_K_QS + 32 * j + 4 * h);
-                        lo_sum[t] = add_pairs(lo_sum[t], lo, bcast4(a));
-                        hi_sum[t] = add_pairs(hi_sum[t], hi, bcast4(a.add(16)));
-                    }
+                    let quarter = Self::quarter(gp, j, h, ha, hb);
+                    add_quarter_pairs(quarter, acts, (b, j, h), true, &mut lo_sum, &mut hi_sum);
                 }
                 for t in 0..N {
                     let s = _mm256_add_epi32(
