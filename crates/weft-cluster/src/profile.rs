@@ -373,20 +373,16 @@ pub fn local_facts(
     }
 }
 
-/// The kernel speeds measured now, uncached, divided by `slowdown` (a survey's loaded
-/// measurement, taken while the other nodes measure too).
+/// The kernel speeds measured now, uncached (a survey's loaded measurement, taken while
+/// the other nodes measure too). A `slowdown` stretches each pass as a run's compute is
+/// stretched (`stage::stretch_by`), not divided afterwards: a slowed node then streams
+/// a `slowdown`th of the bytes, so the nodes beside it see the memory a node that slow
+/// would leave them.
 pub fn loaded_rates(threads: usize, slowdown: f64) -> Vec<TypeRate> {
     let pool = ThreadPool::new(threads.max(1));
-    let mut rates = calibrate::measure_decode_together(&pool, 64 << 20, 0.1);
-    let f = if slowdown.is_finite() && slowdown >= 1.0 {
-        slowdown
-    } else {
-        1.0
-    };
-    for r in &mut rates {
-        r.slow_down(f);
-    }
-    rates
+    calibrate::measure_decode_together(&pool, 64 << 20, 0.1, &|took| {
+        crate::stage::stretch_by(slowdown, took)
+    })
 }
 
 #[cfg(test)]

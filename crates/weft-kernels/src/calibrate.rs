@@ -110,11 +110,14 @@ pub fn spot_check(pool: &ThreadPool, decode_bytes: usize, cached: &[TypeRate]) -
 /// Decode speed of every type while other processes may stream too: all matrices are
 /// built first, then each type streams for `window` seconds and the rate is the mean
 /// over it (so nodes told to measure at once overlap, and the figure includes their
-/// contention for memory). Prefill is not measured (0).
+/// contention for memory). `after_pass` runs after each pass with how long it took,
+/// inside the timing: a slowed node spins there, so it asks the others' memory for no
+/// more than a node that slow would. Prefill is not measured (0).
 pub fn measure_decode_together(
     pool: &ThreadPool,
     decode_bytes: usize,
     window: f64,
+    after_pass: &dyn Fn(std::time::Duration),
 ) -> Vec<TypeRate> {
     const N: usize = 2048;
     type Built = (GgmlType, StreamBuf, usize, Vec<u8>, Option<HugeBuf>);
@@ -140,6 +143,7 @@ pub fn measure_decode_together(
             let t = Instant::now();
             let mut passes = 0usize;
             while passes == 0 || t.elapsed().as_secs_f64() < window {
+                let pass = Instant::now();
                 let p = SendOut(out.as_mut_ptr());
                 // Interleaved ranges start at a group of eight rows.
                 pool.for_ranges(*rows, 8, &|r| {
@@ -150,6 +154,7 @@ pub fn measure_decode_together(
                         None => quant::matvec(*ty, N, w, r, act, o),
                     }
                 });
+                after_pass(pass.elapsed());
                 passes += 1;
             }
             TypeRate {
@@ -191,6 +196,26 @@ mod tests {
         // A figure from a node that did not time short rows stands for both widths.
         r.decode_short_bytes_per_s = 0.0;
         assert_eq!(r.decode_rate(true), 5e9);
+    }
+
+    #[test]
+    fn the_loaded_round_counts_its_pass_hook_in_the_rate() {
+        // A hook that sleeps 4 ms a pass, as a slowed node spins: every type's rate can
+        // be no more than one matrix per 4 ms, and the hook runs once a pass at least.
+        let pool = ThreadPool::new(1);
+        let bytes = 1 << 20;
+        let calls = std::sync::atomic::AtomicUsize::new(0);
+        let rates = measure_decode_together(&pool, bytes, 0.01, &|took| {
+            assert!(took > std::time::Duration::ZERO);
+            calls.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            std::thread::sleep(std::time::Duration::from_millis(4));
+        });
+        assert_eq!(rates.len(), MEASURED.len());
+        assert!(calls.into_inner() >= MEASURED.len());
+        for r in &rates {
+            assert!(r.decode_bytes_per_s > 0.0, "{r:?}");
+            assert!(r.decode_bytes_per_s <= bytes as f64 / 0.004, "{r:?}");
+        }
     }
 
     #[test]
