@@ -375,9 +375,9 @@ pub fn local_facts(
 
 /// The kernel speeds measured now, uncached (a survey's loaded measurement, taken while
 /// the other nodes measure too). A `slowdown` stretches each pass as a run's compute is
-/// stretched (`stage::stretch_by`), not divided afterwards: a slowed node then streams
-/// a `slowdown`th of the bytes, so the nodes beside it see the memory a node that slow
-/// would leave them.
+/// stretched (`stage::stretch_by`), not divided afterwards: a node slowed F times then
+/// streams 1/F of the bytes a second it could, so the nodes beside it see the memory a
+/// node that slow would leave them.
 pub fn loaded_rates(threads: usize, slowdown: f64) -> Vec<TypeRate> {
     let pool = ThreadPool::new(threads.max(1));
     calibrate::measure_decode_together(&pool, 64 << 20, 0.1, &|took| {

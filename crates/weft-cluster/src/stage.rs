@@ -25,21 +25,22 @@ impl StageCollective<'_> {
     /// Ends a stretch of compute: under a slowdown, spins (F - 1) times its length, as a
     /// slower core would have taken, then starts the next stretch.
     pub fn stretch(&mut self) {
-        if self.slowdown > 1.0 {
-            let took = self.since.elapsed();
-            let until = Instant::now() + took.mul_f64(self.slowdown - 1.0);
-            while Instant::now() < until {
-                std::hint::spin_loop();
-            }
-        }
+        stretch_by(self.slowdown, self.since.elapsed());
         self.since = Instant::now();
     }
 }
 
 /// Spins (F - 1) times `took`: the node's slowdown applied to work outside a collective.
+/// A factor of 1 or less, or one whose stretch no `Duration` or `Instant` holds (not
+/// finite, or past the clock's range), spins not at all.
 pub fn stretch_by(slowdown: f64, took: Duration) {
-    if slowdown > 1.0 {
-        let until = Instant::now() + took.mul_f64(slowdown - 1.0);
+    if slowdown <= 1.0 {
+        return;
+    }
+    let until = Duration::try_from_secs_f64(took.as_secs_f64() * (slowdown - 1.0))
+        .ok()
+        .and_then(|extra| Instant::now().checked_add(extra));
+    if let Some(until) = until {
         while Instant::now() < until {
             std::hint::spin_loop();
         }
@@ -80,5 +81,23 @@ impl Collective for StageCollective<'_> {
         }
         // Not used by the forward pass (the head's slices meet at the coordinator as top-k).
         Err("all_gather inside a stage is not supported; merge top-k at the coordinator".into())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_stretch_spins_its_factor_less_one_and_odd_factors_spin_not() {
+        let took = Duration::from_millis(2);
+        let t = Instant::now();
+        stretch_by(3.0, took);
+        assert!(t.elapsed() >= Duration::from_millis(4), "{:?}", t.elapsed());
+        // None of these may panic (Duration::mul_f64 did on the last two) or spin for
+        // ever: 1 and below are no slowdown, the rest no clock can hold.
+        for f in [1.0, 0.5, -3.0, f64::NAN, f64::INFINITY, 1e300] {
+            stretch_by(f, took);
+        }
     }
 }
