@@ -24,7 +24,7 @@ use crate::quant::{self};
 use crate::{roofline, ThreadPool};
 
 /// Bumped whenever a kernel changes, so timings cached under an older one are retaken.
-pub const REVISION: u32 = 20;
+pub const REVISION: u32 = 21;
 
 /// The environment switches that change which candidates a CPU offers: a report timed
 /// under one setting must not be put in force under another (the cache keys by them).

@@ -159,20 +159,26 @@ pub const Q6K_GROUP_BYTES: usize = 1680;
 pub(super) const Q6K_OFF_SCALES: usize = 16;
 const Q6K_OFF_PAIRS: usize = 144;
 
-/// Where the top two bits of a Q6_K group's sub-block pair j (values 32j..32j+32) start,
-/// 64 bytes, and their low four bits, the 128 bytes right after: each pair's 192 bytes in
-/// one piece, in the order the kernels read them, so decode reads the group as one
-/// forward stream (with the top bits in a plane of their own after all the low bits, a
-/// Zen 4 core streamed it at a third of its bandwidth; with each pair's top bits after
-/// its low bits, a Zen 3 core streamed it 20 % slower than ggml's rows, and at par
-/// this way round).
-pub(super) const fn q6k_low(j: usize) -> usize {
-    q6k_high(j) + 64
-}
-pub(super) const fn q6k_high(j: usize) -> usize {
+/// Where a Q6_K group's sub-block pair j (values 32j..32j+32 of each row) starts: 192
+/// bytes in one piece, in the order the kernels read them, so decode reads the group as
+/// one forward stream (with the top bits in a plane of their own after all the low bits,
+/// a Zen 4 core streamed it at a third of its bandwidth).
+///
+/// The pair holds two quarter pairs of 96 bytes, quarters 2p and 2p + 1 at `96 * p`; a
+/// quarter h is values 4h..4h+4 of sub-block 2j (`lo`) and 16 on, of 2j + 1 (`hi`), row r
+/// at bytes 4r..4r+4 of each 32-byte vector. Three vectors per quarter pair (a, b):
+/// - `Y_a` (`+ 0`): a's `lo` level, all six bits, and the top two of a's `hi` in bits 6-7;
+/// - `Y_b` (`+ 32`): the same for b;
+/// - `Z` (`+ 64`): the low four bits of a's `hi` level, then of b's, in the high nibble.
+///
+/// So the four level vectors of a quarter pair cost 11 operations (a mask each for the
+/// `lo`s; the `hi`s joined from `Z`'s nibble and `Y`'s top bits), against 17 with the low
+/// nibbles of both in one vector and the top bits of four quarters in two more, as ggml
+/// keeps them.
+pub(super) const fn q6k_pair(j: usize) -> usize {
     Q6K_OFF_PAIRS + 192 * j
 }
-const _: () = assert!(q6k_low(7) + 128 == Q6K_GROUP_BYTES);
+const _: () = assert!(q6k_pair(7) + 192 == Q6K_GROUP_BYTES);
 /// Bytes of one Q6_K block in ggml's layout.
 const Q6K_BLOCK: usize = 210;
 /// Bytes of one Q4_K and one Q5_K block in ggml's layout.
@@ -525,14 +531,18 @@ fn unpack_kmin_row(w: GgmlType, n: usize, packed: &[u8], row: usize) -> Vec<u8> 
     out
 }
 
-/// Where value k (0..256) of row r sits in a Q6_K group's super-block: the byte and
-/// shift of its low four bits, and of its top two.
+/// Where value k (0..256) of row r sits in a Q6_K group's super-block (`q6k_pair`): the
+/// byte and shift of its low four bits, and of its top two.
 fn q6k_place(r: usize, k: usize) -> ((usize, u8), (usize, u8)) {
     let (j, w) = (k / 32, k % 32);
-    let (v, i) = (w / 4, w % 4);
-    let low = (q6k_low(j) + 32 * (v % 4) + 4 * r + i, 4 * (v / 4) as u8);
-    let high = (q6k_high(j) + 32 * (v / 4) + 4 * r + i, 2 * (v % 4) as u8);
-    (low, high)
+    let (hi, h, i) = (w >= 16, w % 16 / 4, w % 4);
+    let quarters = q6k_pair(j) + 96 * (h / 2) + 4 * r + i;
+    let y = quarters + 32 * (h % 2);
+    if hi {
+        ((quarters + 64, 4 * (h % 2) as u8), (y, 6))
+    } else {
+        ((y, 0), (y, 4))
+    }
 }
 
 /// Puts a Q6_K super-block as row r of its group super-block `o`.
@@ -558,17 +568,10 @@ fn place_q6k(o: &mut [u8], r: usize, block: &[u8]) {
             out[96 + l] = (b >> 4) | ((h >> 6) << 4);
         }
     }
-    for j in 0..8 {
-        let q = &q[32 * j..][..32];
-        put_nibble_pairs(&mut o[q6k_low(j)..], r, q);
-        for i in 0..4 {
-            for half in 0..2 {
-                let top = (0..4).fold(0u8, |acc, v| {
-                    acc | ((q[4 * (4 * half + v) + i] >> 4) << (2 * v))
-                });
-                o[q6k_high(j) + 32 * half + 4 * r + i] = top;
-            }
-        }
+    for (k, &level) in q.iter().enumerate() {
+        let ((lo, ls), (hi, hs)) = q6k_place(r, k);
+        o[lo] |= (level & 0x0F) << ls;
+        o[hi] |= (level >> 4) << hs;
     }
 }
 

@@ -33,9 +33,9 @@ use super::tile::{
 };
 use crate::quant::blocks::Q8_0_BYTES;
 use crate::quant::pack::{
-    legacy_layout, legacy_offset, q5k_fifth, q6k_high, q6k_low, Windows, GROUP_ROWS,
-    LEGACY_MAX_BLOCKS, OFF_DMIN, OFF_LEVELS, OFF_MINS, OFF_SCALES, Q4K_GROUP_BYTES, Q4K_MAX_BLOCKS,
-    Q5K_GROUP_BYTES, Q6K_GROUP_BYTES, Q6K_OFF_SCALES,
+    legacy_layout, legacy_offset, q5k_fifth, q6k_pair, Windows, GROUP_ROWS, LEGACY_MAX_BLOCKS,
+    OFF_DMIN, OFF_LEVELS, OFF_MINS, OFF_SCALES, Q4K_GROUP_BYTES, Q4K_MAX_BLOCKS, Q5K_GROUP_BYTES,
+    Q6K_GROUP_BYTES, Q6K_OFF_SCALES,
 };
 use weft_gguf::GgmlType;
 
@@ -67,12 +67,12 @@ trait GroupKernel {
 
     /// Adds block `b` of the group at `gp` (already offset to that block) against `N`
     /// tokens to `acc`, the eight rows' sums per token, in the float order every `N`
-    /// shares.
+    /// shares; with `PF`, asks for the group bytes [`PREFETCH_BYTES`] ahead as it goes.
     ///
     /// # Safety
     /// `gp` holds a group block; each `acts[t]` holds block `b` of its activation and
     /// each `terms[t]` that block's `TERMS` terms at `TERMS * b`; the CPU runs form `F`.
-    unsafe fn add_block<const F: u8, const N: usize>(
+    unsafe fn add_block<const F: u8, const N: usize, const PF: bool>(
         gp: *const u8,
         acts: [*const u8; N],
         terms: [*const i32; N],
@@ -96,14 +96,21 @@ unsafe fn group_tile<K: GroupKernel, const F: u8, const N: usize>(
     prefetch: bool,
     mut acc: [__m256; N],
 ) -> [__m256; N] {
-    for b in blocks.clone() {
-        // SAFETY: block b of the window, as the caller promises.
-        let gp = unsafe { g.add((b - blocks.start) * K::GB) };
-        if prefetch {
-            prefetch_ahead(gp, K::GB);
+    // Two loops, each with its kernel's prefetches fixed at compile time, so the kernel's
+    // sub-block loop tests no flag.
+    let start = blocks.start;
+    // SAFETY (both loops): block b of the window, as the caller promises; the rest
+    // forwarded from the caller.
+    if prefetch {
+        for b in blocks {
+            let gp = unsafe { g.add((b - start) * K::GB) };
+            unsafe { K::add_block::<F, N, true>(gp, acts, terms, b, &mut acc) };
         }
-        // SAFETY: forwarded from the caller.
-        unsafe { K::add_block::<F, N>(gp, acts, terms, b, &mut acc) };
+    } else {
+        for b in blocks {
+            let gp = unsafe { g.add((b - start) * K::GB) };
+            unsafe { K::add_block::<F, N, false>(gp, acts, terms, b, &mut acc) };
+        }
     }
     acc
 }
@@ -119,6 +126,18 @@ fn prefetch_ahead(gp: *const u8, len: usize) {
         // SAFETY: a prefetch is a hint and never faults.
         unsafe { _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(off).cast()) };
         off += 64;
+    }
+}
+
+/// With `prefetch`, asks for eighth `j` of a K format's `gb`-byte group block at `gp`,
+/// [`PREFETCH_BYTES`] ahead: the kernels ask an eighth per step of their sub-block loop,
+/// so the requests go out as evenly as the bytes are read. A whole block asked at once, at
+/// its start, overlapped the arithmetic worse (AMD Zen 3, `kbench`'s cold interleaved Q4_K
+/// 1,536 x 8,960, three alternated runs: 10.6-14.1 GB/s so, 13.8-14.4 spread).
+#[inline(always)]
+fn prefetch_eighth(prefetch: bool, gp: *const u8, gb: usize, j: usize) {
+    if prefetch {
+        prefetch_ahead(gp.wrapping_add(j * gb / 8), gb / 8);
     }
 }
 
@@ -205,7 +224,7 @@ impl<const FIVE: bool> GroupKernel for KMin<FIVE> {
     }
 
     #[inline(always)]
-    unsafe fn add_block<const F: u8, const N: usize>(
+    unsafe fn add_block<const F: u8, const N: usize, const PF: bool>(
         gp: *const u8,
         acts: [*const u8; N],
         terms: [*const i32; N],
@@ -217,11 +236,12 @@ impl<const FIVE: bool> GroupKernel for KMin<FIVE> {
         unsafe {
             let mut isum = [_mm256_setzero_si256(); N];
             if F == PLAIN {
-                Self::plain_levels(gp, acts, b, &mut isum);
+                Self::plain_levels::<N, PF>(gp, acts, b, &mut isum);
             } else {
                 // Q5_K's fifth bits land above a high nibble kept in place: it shifts.
                 let in_place = N == 1 && !FIVE;
                 for j in 0..8 {
+                    prefetch_eighth(PF, gp, Self::GB, j);
                     let sc =
                         _mm256_cvtepu8_epi32(_mm_loadl_epi64(gp.add(OFF_SCALES + 8 * j).cast()));
                     let plane = Self::plane(gp, j);
@@ -392,12 +412,13 @@ impl<const FIVE: bool> KMin<FIVE> {
     /// bytes are in cache, prefill always). A pair product is at most 2 x 15 x 128 = 3,840
     /// in size for Q4_K, so a lane's sixteen products (eight pairs) stay within 30,720 and
     /// fit an i16; Q5_K's reach 7,936, so its low and high nibbles' four pairs are summed
-    /// apart and widened apart. The same exact i32 sums as the VNNI forms.
+    /// apart and widened apart. The same exact i32 sums as the VNNI forms. `PF` as
+    /// [`GroupKernel::add_block`]'s.
     ///
     /// # Safety
     /// `gp` holds a group block, each `acts[t]` block `b` of its activation; AVX2.
     #[inline(always)]
-    unsafe fn plain_levels<const N: usize>(
+    unsafe fn plain_levels<const N: usize, const PF: bool>(
         gp: *const u8,
         acts: [*const u8; N],
         b: usize,
@@ -409,6 +430,7 @@ impl<const FIVE: bool> KMin<FIVE> {
         // SAFETY (every read): inside the group block or block b of an activation.
         unsafe {
             for j in 0..8 {
+                prefetch_eighth(PF, gp, Self::GB, j);
                 let sc = scale_pairs(gp.add(OFF_SCALES + 8 * j), false);
                 let plane = Self::plane(gp, j);
                 let mut lo_sum = [_mm256_setzero_si256(); N];
@@ -450,7 +472,7 @@ impl GroupKernel for Q6K {
     unsafe fn terms(_ap: *const u8, _out: &mut [i32]) {}
 
     #[inline(always)]
-    unsafe fn add_block<const F: u8, const N: usize>(
+    unsafe fn add_block<const F: u8, const N: usize, const PF: bool>(
         gp: *const u8,
         acts: [*const u8; N],
         _terms: [*const i32; N],
@@ -464,25 +486,26 @@ impl GroupKernel for Q6K {
             };
             let mut isum = [_mm256_setzero_si256(); N];
             for j in 0..8 {
-                let ha = load256(gp.add(q6k_high(j)));
-                let hb = load256(gp.add(q6k_high(j) + 32));
-                // Branching inside the loop, with the top bits loaded here, is not a
-                // wart: with the j loop moved into `plain_levels`, as `KMin` has it,
-                // LLVM scheduled the batch tile 6 % slower on Zen 3.
+                // Branching inside the loop is not a wart: with the j loop moved into
+                // `plain_levels`, as `KMin` has it, LLVM scheduled the batch tile 6 %
+                // slower on Zen 3.
                 if F == PLAIN {
-                    Self::plain_levels(gp, acts, b, j, ha, hb, &mut isum);
+                    Self::plain_levels::<N, PF>(gp, acts, b, j, &mut isum);
                     continue;
                 }
+                Self::prefetch_pair::<PF>(gp, j);
                 let (sc_lo, sc_hi) = (scale(2 * j), scale(2 * j + 1));
                 // Values 32j..32j+16 (sub-block 2j) and 32j+16..32j+32 (2j+1).
                 let mut dot_lo = [_mm256_setzero_si256(); N];
                 let mut dot_hi = [_mm256_setzero_si256(); N];
-                for h in 0..4 {
-                    let (lo, hi) = Self::quarter(gp, j, h, ha, hb);
-                    for t in 0..N {
-                        let a = acts[t].add(b * Q8_K_AB + Q8_K_QS + 32 * j + 4 * h);
-                        dot_lo[t] = dpbusd::<F>(dot_lo[t], lo, bcast4(a));
-                        dot_hi[t] = dpbusd::<F>(dot_hi[t], hi, bcast4(a.add(16)));
+                for p in 0..2 {
+                    for (q, &(lo, hi)) in Self::quarter_pair(gp, j, p).iter().enumerate() {
+                        let h = 2 * p + q;
+                        for t in 0..N {
+                            let a = acts[t].add(b * Q8_K_AB + Q8_K_QS + 32 * j + 4 * h);
+                            dot_lo[t] = dpbusd::<F>(dot_lo[t], lo, bcast4(a));
+                            dot_hi[t] = dpbusd::<F>(dot_hi[t], hi, bcast4(a.add(16)));
+                        }
                     }
                 }
                 for t in 0..N {
@@ -518,39 +541,49 @@ impl GroupKernel for Q6K {
 }
 
 impl Q6K {
-    /// Quarter h of pair j's levels: values 32j + 4h.. of sub-block 2j (`lo`) and 16 on,
-    /// of 2j + 1 (`hi`), their low four bits from the group block and their top two from
-    /// `ha` and `hb` (bits 2h..2h+2 of each byte moved to bits 4..6 by 16-bit shifts: what
-    /// crosses bytes lands outside those bits and the mask drops it).
+    /// With `PF`, asks for pair j's 192 bytes [`PREFETCH_BYTES`] ahead, as [`KMin`] asks
+    /// for an eighth of its block: the bytes this step of the pair loop reads. Asked as an
+    /// eighth of the block (210 bytes, four lines at another alignment), the same kernel
+    /// ran three times slower on Zen 3, hot or cold, for a reason not found.
+    #[inline(always)]
+    fn prefetch_pair<const PF: bool>(gp: *const u8, j: usize) {
+        if PF {
+            prefetch_ahead(gp.wrapping_add(q6k_pair(j)), 192);
+        }
+    }
+
+    /// Quarters 2p and 2p + 1 of pair j's levels (`pack::q6k_pair`), each as `lo`, values
+    /// 32j + 4h.. of sub-block 2j, and `hi`, 16 on, of 2j + 1: the `lo`s are their `Y`
+    /// vectors' low six bits; a `hi` takes its low four bits from `Z` and its top two from
+    /// its `Y`'s bits 6-7, moved to 4-5 by a 16-bit shift (what crosses from the next byte
+    /// lands in bits 6-7, which the mask drops).
     ///
     /// # Safety
     /// `gp` holds a Q6_K group block; AVX2.
     #[inline(always)]
-    unsafe fn quarter(
-        gp: *const u8,
-        j: usize,
-        h: usize,
-        ha: __m256i,
-        hb: __m256i,
-    ) -> (__m256i, __m256i) {
-        let nibble = _mm256_set1_epi8(0x0F);
-        let high = |t: __m256i| {
-            let x = match h {
-                0 => _mm256_slli_epi16::<4>(t),
-                1 => _mm256_slli_epi16::<2>(t),
-                2 => t,
-                _ => _mm256_srli_epi16::<2>(t),
-            };
-            _mm256_and_si256(x, _mm256_set1_epi8(0x30))
+    unsafe fn quarter_pair(gp: *const u8, j: usize, p: usize) -> [(__m256i, __m256i); 2] {
+        // SAFETY: quarter pair p of pair j lies inside the group block.
+        let (ya, yb, z) = unsafe {
+            let at = gp.add(q6k_pair(j) + 96 * p);
+            (load256(at), load256(at.add(32)), load256(at.add(64)))
         };
-        // SAFETY: quarter h of pair j lies inside the group block.
-        let x = unsafe { load256(gp.add(q6k_low(j) + 32 * h)) };
-        let lo = _mm256_or_si256(_mm256_and_si256(x, nibble), high(ha));
-        let hi = _mm256_or_si256(
-            _mm256_and_si256(_mm256_srli_epi16::<4>(x), nibble),
-            high(hb),
-        );
-        (lo, hi)
+        let six = _mm256_set1_epi8(0x3F);
+        let nibble = _mm256_set1_epi8(0x0F);
+        let top = _mm256_set1_epi8(0x30);
+        let top_of = |y: __m256i| _mm256_and_si256(_mm256_srli_epi16::<2>(y), top);
+        [
+            (
+                _mm256_and_si256(ya, six),
+                _mm256_or_si256(_mm256_and_si256(z, nibble), top_of(ya)),
+            ),
+            (
+                _mm256_and_si256(yb, six),
+                _mm256_or_si256(
+                    _mm256_and_si256(_mm256_srli_epi16::<4>(z), nibble),
+                    top_of(yb),
+                ),
+            ),
+        ]
     }
 
     /// Values 32j..32j+32 of the group's eight rows times their two sub-blocks' scales,
@@ -560,27 +593,25 @@ impl Q6K {
     /// size, so two of them fit an i16.
     ///
     /// # Safety
-    /// `gp` holds a Q6_K group block, `ha` and `hb` its top bits for `j`, each `acts[t]`
-    /// block `b` of its activation; AVX2.
+    /// `gp` holds a Q6_K group block, each `acts[t]` block `b` of its activation; AVX2.
     #[inline(always)]
-    unsafe fn plain_levels<const N: usize>(
+    unsafe fn plain_levels<const N: usize, const PF: bool>(
         gp: *const u8,
         acts: [*const u8; N],
         b: usize,
         j: usize,
-        ha: __m256i,
-        hb: __m256i,
         isum: &mut [__m256i; N],
     ) {
+        Self::prefetch_pair::<PF>(gp, j);
         // SAFETY (every read): inside the group block or block b of an activation.
         unsafe {
             let sc_lo = scale_pairs(gp.add(Q6K_OFF_SCALES + 16 * j), true);
             let sc_hi = scale_pairs(gp.add(Q6K_OFF_SCALES + 16 * j + 8), true);
-            for pair in 0..2 {
+            for p in 0..2 {
                 let mut lo_sum = [_mm256_setzero_si256(); N];
                 let mut hi_sum = [_mm256_setzero_si256(); N];
-                for h in 2 * pair..2 * pair + 2 {
-                    let quarter = Self::quarter(gp, j, h, ha, hb);
+                for (q, &quarter) in Self::quarter_pair(gp, j, p).iter().enumerate() {
+                    let h = 2 * p + q;
                     add_quarter_pairs(quarter, acts, (b, j, h), true, &mut lo_sum, &mut hi_sum);
                 }
                 for t in 0..N {
@@ -705,13 +736,17 @@ impl<L: Levels8> GroupKernel for Legacy<L> {
     }
 
     #[inline(always)]
-    unsafe fn add_block<const F: u8, const N: usize>(
+    unsafe fn add_block<const F: u8, const N: usize, const PF: bool>(
         gp: *const u8,
         acts: [*const u8; N],
         terms: [*const i32; N],
         b: usize,
         acc: &mut [__m256; N],
     ) {
+        // A group block of these formats is 144 to 272 bytes: asked for at once.
+        if PF {
+            prefetch_ahead(gp, Self::GB);
+        }
         // SAFETY (every read): inside the group block, block b of an activation or its
         // terms.
         unsafe {
