@@ -568,6 +568,11 @@ fn place_q6k(o: &mut [u8], r: usize, block: &[u8]) {
             out[96 + l] = (b >> 4) | ((h >> 6) << 4);
         }
     }
+    // Row r's bytes are ORed together from its levels' bits: cleared first, so a buffer
+    // packed into before is overwritten, as the other formats' whole bytes are.
+    for v in 0..8 * 6 {
+        o[q6k_pair(0) + 32 * v + 4 * r..][..4].fill(0);
+    }
     for (k, &level) in q.iter().enumerate() {
         let ((lo, ls), (hi, hs)) = q6k_place(r, k);
         o[lo] |= (level & 0x0F) << ls;
