@@ -129,18 +129,6 @@ fn prefetch_ahead(gp: *const u8, len: usize) {
     }
 }
 
-/// With `prefetch`, asks for eighth `j` of a K format's `gb`-byte group block at `gp`,
-/// [`PREFETCH_BYTES`] ahead: the kernels ask an eighth per step of their sub-block loop,
-/// so the requests go out as evenly as the bytes are read. A whole block asked at once, at
-/// its start, overlapped the arithmetic worse (AMD Zen 3, `kbench`'s cold interleaved Q4_K
-/// 1,536 x 8,960, three alternated runs: 10.6-14.1 GB/s so, 13.8-14.4 spread).
-#[inline(always)]
-fn prefetch_eighth(prefetch: bool, gp: *const u8, gb: usize, j: usize) {
-    if prefetch {
-        prefetch_ahead(gp.wrapping_add(j * gb / 8), gb / 8);
-    }
-}
-
 /// `acc + dot4(u, a)` (`vpdpbusd`) in form `F`; the AVX-512 form as an intrinsic, so a
 /// driver compiled for AVX-512VL may keep its sums in all 32 vector registers.
 #[inline(always)]
@@ -184,6 +172,25 @@ type Q4K = KMin<false>;
 type Q5K = KMin<true>;
 
 impl<const FIVE: bool> KMin<FIVE> {
+    /// With `PF`, asks for the bytes step j of the sub-block loop reads (Q5_K's plane and
+    /// levels, Q4_K's levels), [`PREFETCH_BYTES`] ahead: a step at a time, so the requests
+    /// go out as evenly as the bytes are read. A whole group block asked at once, at its
+    /// start, overlapped the arithmetic worse: on AMD Zen 3, `kbench`'s cold interleaved
+    /// Q4_K 1,536 x 8,960 read 10.6-14.1 GB/s so and 13.8-14.4 this way, three alternated
+    /// runs. Asked as eighths of the block instead, at alignments that vary from step to
+    /// step, Q6_K's kernel ran three times slower, hot or cold, for a reason not found.
+    #[inline(always)]
+    fn prefetch_step<const PF: bool>(gp: *const u8, j: usize) {
+        if PF {
+            let (at, len) = if FIVE {
+                (q5k_fifth(j), 160)
+            } else {
+                (Self::levels(j), 128)
+            };
+            prefetch_ahead(gp.wrapping_add(at), len);
+        }
+    }
+
     /// Where sub-block j's 128 level bytes start.
     const fn levels(j: usize) -> usize {
         if FIVE {
@@ -241,7 +248,7 @@ impl<const FIVE: bool> GroupKernel for KMin<FIVE> {
                 // Q5_K's fifth bits land above a high nibble kept in place: it shifts.
                 let in_place = N == 1 && !FIVE;
                 for j in 0..8 {
-                    prefetch_eighth(PF, gp, Self::GB, j);
+                    Self::prefetch_step::<PF>(gp, j);
                     let sc =
                         _mm256_cvtepu8_epi32(_mm_loadl_epi64(gp.add(OFF_SCALES + 8 * j).cast()));
                     let plane = Self::plane(gp, j);
@@ -430,7 +437,7 @@ impl<const FIVE: bool> KMin<FIVE> {
         // SAFETY (every read): inside the group block or block b of an activation.
         unsafe {
             for j in 0..8 {
-                prefetch_eighth(PF, gp, Self::GB, j);
+                Self::prefetch_step::<PF>(gp, j);
                 let sc = scale_pairs(gp.add(OFF_SCALES + 8 * j), false);
                 let plane = Self::plane(gp, j);
                 let mut lo_sum = [_mm256_setzero_si256(); N];
@@ -541,10 +548,8 @@ impl GroupKernel for Q6K {
 }
 
 impl Q6K {
-    /// With `PF`, asks for pair j's 192 bytes [`PREFETCH_BYTES`] ahead, as [`KMin`] asks
-    /// for an eighth of its block: the bytes this step of the pair loop reads. Asked as an
-    /// eighth of the block (210 bytes, four lines at another alignment), the same kernel
-    /// ran three times slower on Zen 3, hot or cold, for a reason not found.
+    /// With `PF`, asks for pair j's 192 bytes [`PREFETCH_BYTES`] ahead: the bytes this
+    /// step of the pair loop reads, as `KMin::prefetch_step`.
     #[inline(always)]
     fn prefetch_pair<const PF: bool>(gp: *const u8, j: usize) {
         if PF {
